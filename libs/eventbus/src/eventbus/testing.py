@@ -1,0 +1,1 @@
+"""pytest plugin placeholder; replaced by the real broker fixtures."""

@@ -1,0 +1,406 @@
+"""Every event that crosses a floe process.
+
+Each event is a frozen pydantic model with ``extra="forbid"`` and a ``schema_version``. Its docstring names who
+produces it and who consumes it. Bumping a model's ``SCHEMA_VERSION`` is a contract change: add a golden sample,
+and keep readers of the old version working or say why not.
+
+Flow (topics in ``contracts.topics``)::
+
+    rollout ──SessionRequested──▶ gateway nodes ──SessionStateChanged/SessionFinished──▶ rollout, scorer
+    rollout ──SessionCancelRequested──▶ gateway nodes
+    gateway ──ModelCallRecorded──▶ rollout
+    scorer  ──RewardPublished──▶ rollout
+    rollout ──TrajectoryBatch──▶ learner
+    learner ──WeightsPublished──▶ inference engines, gateway, rollout
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = [
+    "CallTimings",
+    "DeadLetter",
+    "Event",
+    "FinishReason",
+    "ModelCallRecorded",
+    "Outcome",
+    "Protocol",
+    "RewardPublished",
+    "SamplingPolicy",
+    "SessionCancelRequested",
+    "SessionFinished",
+    "SessionKind",
+    "SessionRequested",
+    "SessionState",
+    "SessionStateChanged",
+    "TERMINAL_STATES",
+    "TokenizationMode",
+    "TrajectoryBatch",
+    "VALID_TRANSITIONS",
+    "WeightsPublished",
+    "now_ms",
+]
+
+
+def now_ms() -> int:
+    """Wall-clock time in epoch milliseconds (the unit of every ``*_at`` field)."""
+    return time.time_ns() // 1_000_000
+
+
+class Event(BaseModel):
+    """Base of every wire event: frozen, strict about unknown fields, versioned."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    SCHEMA_VERSION: ClassVar[int] = 1
+    schema_version: int = 1
+
+    @model_validator(mode="after")
+    def _known_version(self) -> Event:
+        # Defence in depth: contracts.codec checks the version before validation, so a newer message yields a
+        # SchemaVersionError; this catches a model built in code with a version we do not write.
+        if self.schema_version != type(self).SCHEMA_VERSION:
+            raise ValueError(f"schema_version must be {type(self).SCHEMA_VERSION}, got {self.schema_version}")
+        return self
+
+
+# --------------------------------------------------------------------------------------------------- sessions
+
+
+class SessionKind(str, enum.Enum):
+    TRAIN = "train"
+    EVAL = "eval"
+
+
+class TokenizationMode(str, enum.Enum):
+    """How the gateway turns a harness request into engine input.
+
+    ``canonical``: send messages, the engine renders the chat template (Polar's behaviour).
+    ``exact``: token-in/token-out; a request that extends the previous call's conversation is sent as the previous
+    prompt ids + previously *sampled* ids + the tokens of the new tail, so the model is conditioned on exactly what
+    the trainer will see.
+    """
+
+    CANONICAL = "canonical"
+    EXACT = "exact"
+
+
+class SamplingPolicy(BaseModel):
+    """Sampling parameters enforced by the gateway for training sessions (the harness's own are recorded but
+    overridden). ``None`` means "leave the harness's value"."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    temperature: float | None = Field(default=1.0, ge=0.0, le=5.0)
+    top_p: float | None = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=-1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    seed: int | None = None
+
+
+class SessionRequested(Event):
+    """Run one harness on one task: one GRPO sample.
+
+    Producer: rollout scheduler. Consumer: gateway nodes (one consumer group; adding a node adds capacity).
+    ``session_id`` is chosen by the producer, so a redelivered request never starts a second session.
+    """
+
+    session_id: str
+    group_id: str
+    task_id: str
+    task_source: str = Field(default="bundled", description="task set name or URI the gateway node resolves")
+    harness: str = Field(description="harness preset name, e.g. 'pi', 'codex', 'command'")
+    kind: SessionKind = SessionKind.TRAIN
+    priority: int = Field(default=0, ge=0, le=100, description="eval runs use 100 and jump the PREPARING queue")
+    sampling: SamplingPolicy = SamplingPolicy()
+    tokenization: TokenizationMode = TokenizationMode.EXACT
+    agent_timeout_s: float = Field(default=600.0, gt=0)
+    session_timeout_s: float = Field(default=1800.0, gt=0)
+    policy_version: int = Field(default=0, ge=0, description="learner version when the request was admitted")
+    rollout_step: int = Field(default=0, ge=0)
+    model: str = Field(default="floe-policy", description="model name presented to the harness")
+    requested_at: int = Field(default_factory=now_ms)
+    metadata: dict[str, str] = Field(default_factory=dict)
+
+
+class SessionCancelRequested(Event):
+    """Stop a session at whatever stage it is in, and clean up (straggler cut-off, group deadline, operator).
+
+    Producer: rollout scheduler (or ``floe`` CLI). Consumer: every gateway node (each reads the whole topic).
+    """
+
+    session_id: str
+    group_id: str | None = None
+    reason: str
+    requested_at: int = Field(default_factory=now_ms)
+
+
+class SessionState(str, enum.Enum):
+    REQUESTED = "REQUESTED"
+    PREPARING = "PREPARING"
+    READY = "READY"
+    RUNNING = "RUNNING"
+    FINISHING = "FINISHING"
+    DONE = "DONE"
+    FAILED = "FAILED"
+    TIMEOUT = "TIMEOUT"
+    CANCELLED = "CANCELLED"
+
+
+TERMINAL_STATES: frozenset[SessionState] = frozenset(
+    {SessionState.DONE, SessionState.FAILED, SessionState.TIMEOUT, SessionState.CANCELLED}
+)
+
+_ENDINGS = {SessionState.FAILED, SessionState.TIMEOUT, SessionState.CANCELLED}
+
+VALID_TRANSITIONS: dict[SessionState, frozenset[SessionState]] = {
+    SessionState.REQUESTED: frozenset({SessionState.PREPARING} | _ENDINGS),
+    SessionState.PREPARING: frozenset({SessionState.READY} | _ENDINGS),
+    SessionState.READY: frozenset({SessionState.RUNNING} | _ENDINGS),
+    SessionState.RUNNING: frozenset({SessionState.FINISHING} | _ENDINGS),
+    # A timeout or cancel during FINISHING still ends the session; DONE only from FINISHING.
+    SessionState.FINISHING: frozenset({SessionState.DONE} | _ENDINGS),
+    SessionState.DONE: frozenset(),
+    SessionState.FAILED: frozenset(),
+    SessionState.TIMEOUT: frozenset(),
+    SessionState.CANCELLED: frozenset(),
+}
+
+
+class SessionStateChanged(Event):
+    """One lifecycle transition of a session, in ``VALID_TRANSITIONS``.
+
+    Producer: the gateway node that runs the session. Consumers: rollout (scheduling, dashboard), operators.
+    ``seq`` increases by one per transition of a session, so consumers can drop duplicates.
+    """
+
+    session_id: str
+    group_id: str
+    node_id: str
+    state: SessionState
+    previous: SessionState | None = None
+    seq: int = Field(ge=0)
+    reason: str | None = None
+    at: int = Field(default_factory=now_ms)
+
+    @model_validator(mode="after")
+    def _transition_allowed(self) -> SessionStateChanged:
+        if self.previous is not None and self.state not in VALID_TRANSITIONS[self.previous]:
+            raise ValueError(f"invalid transition {self.previous.value} -> {self.state.value}")
+        return self
+
+
+class SessionFinished(Event):
+    """A session's end: its final diff and how it ended.
+
+    Producer: gateway node. Consumers: scorer (grades ``diff``), rollout (joins calls and reward).
+    ``status`` is terminal. ``agent_timed_out`` is true when the *agent's* budget ran out (a trainable negative);
+    infrastructure failures have ``status=FAILED`` and a reason.
+    """
+
+    session_id: str
+    group_id: str
+    task_id: str
+    task_source: str = "bundled"
+    harness: str
+    node_id: str
+    status: SessionState
+    reason: str | None = None
+    diff: str = ""
+    exit_code: int | None = None
+    agent_timed_out: bool = False
+    stdout_tail: str = ""
+    stderr_tail: str = ""
+    turns: int = Field(default=0, ge=0)
+    calls: int = Field(default=0, ge=0)
+    timings_ms: dict[str, float] = Field(default_factory=dict)
+    finished_at: int = Field(default_factory=now_ms)
+
+    @model_validator(mode="after")
+    def _terminal(self) -> SessionFinished:
+        if self.status not in TERMINAL_STATES:
+            raise ValueError(f"SessionFinished.status must be terminal, got {self.status.value}")
+        return self
+
+
+# ----------------------------------------------------------------------------------------------- model calls
+
+
+class Protocol(str, enum.Enum):
+    OPENAI_CHAT = "openai_chat"
+    OPENAI_RESPONSES = "openai_responses"
+    ANTHROPIC_MESSAGES = "anthropic_messages"
+    GOOGLE_GENERATE = "google_generate"
+    ENGINE = "engine"  # the engine's own token-in API (tests, minimal agents)
+
+
+FinishReason = Literal["stop", "length", "tool_calls", "stop_sequence", "abort", "error"]
+
+
+class CallTimings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    queue_ms: float = 0.0
+    ttft_ms: float = 0.0
+    total_ms: float = 0.0
+
+
+class ModelCallRecorded(Event):
+    """One model call at token level: what the model saw and what it sampled.
+
+    Producer: gateway (after the client has received the answer: flush, then record). Consumer: rollout.
+    Keyed by ``session_id``; ``call_index`` counts from 0 within a session and ``call_id`` is unique, so a
+    redelivered record is recognised.
+
+    Prompt delta encoding: the full prompt of this call is
+    ``sequence(prefix_call_index)[:prefix_len] + prompt_token_ids`` where ``sequence(i)`` is call *i*'s full prompt
+    followed by its completion ids. With ``prefix_call_index=None`` (and ``prefix_len=0``) ``prompt_token_ids`` is
+    the whole prompt. ``prompt_len`` is the full length, checked on decode by the consumer.
+
+    Invariant: ``len(completion_logprobs) == len(completion_token_ids)``; each logprob is the sampling logprob of
+    that token under the weights of ``weight_version``.
+    """
+
+    session_id: str
+    call_index: int = Field(ge=0)
+    call_id: str
+    protocol: Protocol
+    tokenization: TokenizationMode
+    model: str
+    engine_id: str = ""
+    weight_version: int = Field(ge=0)
+    prompt_token_ids: list[int]
+    prefix_call_index: int | None = None
+    prefix_len: int = Field(default=0, ge=0)
+    prompt_len: int = Field(ge=0)
+    completion_token_ids: list[int]
+    completion_logprobs: list[float]
+    finish_reason: FinishReason
+    prefix_extends_previous: bool | None = Field(
+        default=None, description="canonical mode: does this prompt start with the previous call's prompt?"
+    )
+    request: dict[str, Any] = Field(default_factory=dict, description="canonical request, within a size cap")
+    request_truncated: bool = False
+    sampling: dict[str, Any] = Field(default_factory=dict, description="effective sampling parameters")
+    gateway_changes: list[str] = Field(default_factory=list, description="what the gateway changed, e.g. overrides")
+    timings: CallTimings = CallTimings()
+    started_at: int = Field(default_factory=now_ms)
+
+    @model_validator(mode="after")
+    def _aligned(self) -> ModelCallRecorded:
+        if len(self.completion_logprobs) != len(self.completion_token_ids):
+            raise ValueError("completion_logprobs and completion_token_ids differ in length")
+        if self.prefix_call_index is None and self.prefix_len:
+            raise ValueError("prefix_len without prefix_call_index")
+        if self.prefix_call_index is not None and self.prefix_call_index >= self.call_index:
+            raise ValueError("prefix_call_index must name an earlier call")
+        if self.prefix_len + len(self.prompt_token_ids) != self.prompt_len:
+            raise ValueError("prefix_len + len(prompt_token_ids) != prompt_len")
+        return self
+
+
+# -------------------------------------------------------------------------------------------------- rewards
+
+
+class Outcome(str, enum.Enum):
+    RESOLVED = "resolved"
+    UNRESOLVED = "unresolved"
+    ERROR = "error"  # the fault is ours (infrastructure): the session is masked, not a negative
+
+
+class RewardPublished(Event):
+    """The grade of one session's diff.
+
+    Producer: scorer. Consumer: rollout. Exactly one per session (the scorer dedupes redelivered
+    ``SessionFinished``); ``reward`` is finite and in [0, 1] for the SWE evaluator.
+    """
+
+    session_id: str
+    group_id: str
+    task_id: str
+    evaluator: str = "swebench"
+    reward: float
+    outcome: Outcome
+    resolved: bool
+    tests: dict[str, str] = Field(default_factory=dict, description="test name -> PASSED/FAILED/ERROR/SKIPPED")
+    apply_status: str = ""
+    reason: str | None = None
+    timings_ms: dict[str, float] = Field(default_factory=dict)
+    scored_at: int = Field(default_factory=now_ms)
+
+    @model_validator(mode="after")
+    def _finite(self) -> RewardPublished:
+        if self.reward != self.reward or self.reward in (float("inf"), float("-inf")):
+            raise ValueError("reward must be finite")
+        return self
+
+
+# -------------------------------------------------------------------------------------------------- training
+
+
+class TrajectoryBatch(Event):
+    """A batch of training sequences, Arrow-encoded with ``contracts.arrow.TRAJECTORY_SCHEMA``.
+
+    Producer: rollout. Consumer: learner. The Arrow IPC stream travels inline (``arrow_ipc``, framed after the
+    JSON header by ``contracts.codec``) or, above the topic's inline limit, as a claim check: ``uri`` + ``sha256``
+    of an immutable file written before the event. Exactly one of the two is set.
+    """
+
+    batch_id: str
+    step: int = Field(ge=0, description="rollout step this batch is for")
+    num_rows: int = Field(ge=0)
+    num_groups: int = Field(ge=0)
+    num_sessions: int = Field(ge=0)
+    builder: str
+    min_weight_version: int = Field(ge=0)
+    max_weight_version: int = Field(ge=0)
+    uri: str | None = None
+    sha256: str | None = None
+    size_bytes: int = Field(ge=0)
+    metrics: dict[str, float] = Field(default_factory=dict)
+    created_at: int = Field(default_factory=now_ms)
+    # Inline Arrow IPC stream: bytes when built, a zero-copy memoryview of the Kafka message when decoded.
+    arrow_ipc: bytes | memoryview | None = Field(default=None, exclude=True, repr=False)
+
+    @model_validator(mode="after")
+    def _one_payload(self) -> TrajectoryBatch:
+        if (self.arrow_ipc is None) == (self.uri is None):
+            raise ValueError("exactly one of arrow_ipc (inline) and uri (claim check) must be set")
+        if self.uri is not None and not self.sha256:
+            raise ValueError("a claim-check uri needs its sha256")
+        return self
+
+
+class WeightsPublished(Event):
+    """A new policy version is on disk.
+
+    Producer: learner. Consumers: inference engines (hot-reload), gateway and rollout (staleness).
+    ``uri`` is a checkpoint directory with safetensors weights + config + tokenizer. Versions only increase.
+    """
+
+    version: int = Field(ge=0)
+    uri: str
+    step: int = Field(ge=0)
+    base_model: str = Field(default="policy", description="policy name; the compacted topic keeps the latest per name")
+    metrics: dict[str, float] = Field(default_factory=dict)
+    published_at: int = Field(default_factory=now_ms)
+
+
+class DeadLetter(Event):
+    """A message a consumer could not decode or handle, with the reason. Producer: any consumer (eventbus).
+    Consumer: operators (``floe replay --topic floe.dead-letter``)."""
+
+    source_topic: str
+    partition: int
+    offset: int
+    key: str | None = None
+    value_b64: str
+    error_type: str
+    reason: str
+    consumer_group: str | None = None
+    at: int = Field(default_factory=now_ms)

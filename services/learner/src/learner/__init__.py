@@ -1,0 +1,1 @@
+"""floe learner."""
