@@ -1,0 +1,1 @@
+"""floe task sets: SWE-bench-format instances and their repository snapshots."""
