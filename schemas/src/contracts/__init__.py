@@ -92,4 +92,5 @@ __all__ = [
     "to_ipc",
     "topic_by_name",
     "valid_id",
+    "validate_table",
 ]

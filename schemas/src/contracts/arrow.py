@@ -56,7 +56,9 @@ def validate_table(table: pa.Table) -> None:
     meta = table.schema.metadata or {}
     version = meta.get(b"floe.schema_version")
     if version != str(TRAJECTORY_SCHEMA_VERSION).encode():
-        raise SchemaVersionError("TrajectoryBatch(arrow)", version.decode() if version else None, TRAJECTORY_SCHEMA_VERSION)
+        raise SchemaVersionError(
+            "TrajectoryBatch(arrow)", version.decode() if version else None, TRAJECTORY_SCHEMA_VERSION
+        )
     if not table.schema.equals(TRAJECTORY_SCHEMA, check_metadata=False):
         raise DecodeError(f"trajectory table schema mismatch:\n{table.schema}")
     import pyarrow.compute as pc

@@ -23,6 +23,8 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = [
+    "TERMINAL_STATES",
+    "VALID_TRANSITIONS",
     "CallTimings",
     "DeadLetter",
     "Event",
@@ -38,10 +40,8 @@ __all__ = [
     "SessionRequested",
     "SessionState",
     "SessionStateChanged",
-    "TERMINAL_STATES",
     "TokenizationMode",
     "TrajectoryBatch",
-    "VALID_TRANSITIONS",
     "WeightsPublished",
     "now_ms",
 ]
@@ -72,12 +72,12 @@ class Event(BaseModel):
 # --------------------------------------------------------------------------------------------------- sessions
 
 
-class SessionKind(str, enum.Enum):
+class SessionKind(enum.StrEnum):
     TRAIN = "train"
     EVAL = "eval"
 
 
-class TokenizationMode(str, enum.Enum):
+class TokenizationMode(enum.StrEnum):
     """How the gateway turns a harness request into engine input.
 
     ``canonical``: send messages, the engine renders the chat template (Polar's behaviour).
@@ -140,7 +140,7 @@ class SessionCancelRequested(Event):
     requested_at: int = Field(default_factory=now_ms)
 
 
-class SessionState(str, enum.Enum):
+class SessionState(enum.StrEnum):
     REQUESTED = "REQUESTED"
     PREPARING = "PREPARING"
     READY = "READY"
@@ -231,7 +231,7 @@ class SessionFinished(Event):
 # ----------------------------------------------------------------------------------------------- model calls
 
 
-class Protocol(str, enum.Enum):
+class Protocol(enum.StrEnum):
     OPENAI_CHAT = "openai_chat"
     OPENAI_RESPONSES = "openai_responses"
     ANTHROPIC_MESSAGES = "anthropic_messages"
@@ -307,7 +307,7 @@ class ModelCallRecorded(Event):
 # -------------------------------------------------------------------------------------------------- rewards
 
 
-class Outcome(str, enum.Enum):
+class Outcome(enum.StrEnum):
     RESOLVED = "resolved"
     UNRESOLVED = "unresolved"
     ERROR = "error"  # the fault is ours (infrastructure): the session is masked, not a negative

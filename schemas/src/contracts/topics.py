@@ -32,8 +32,8 @@ __all__ = [
     "SESSIONS_STATE",
     "TOPICS",
     "TRAJECTORY_BATCHES",
-    "Topic",
     "WEIGHTS",
+    "Topic",
     "topic_by_name",
 ]
 
@@ -96,7 +96,9 @@ class Topic(Generic[E]):
         }
 
 
-SESSIONS_REQUESTED = Topic("floe.sessions.requested", SessionRequested, "session_id", partitions=8, retention_ms=DAY_MS * 3)
+SESSIONS_REQUESTED = Topic(
+    "floe.sessions.requested", SessionRequested, "session_id", partitions=8, retention_ms=DAY_MS * 3
+)
 # Every gateway node reads every cancel request (each with its own group), so one partition is plenty.
 SESSIONS_CANCEL = Topic("floe.sessions.cancel", SessionCancelRequested, "session_id", partitions=1, retention_ms=DAY_MS)
 SESSIONS_STATE = Topic("floe.sessions.state", SessionStateChanged, "session_id", partitions=8)
@@ -111,9 +113,7 @@ TRAJECTORY_BATCHES = Topic(
 )
 # Compacted with a constant key ("policy"): the latest version survives forever, so an engine that starts late
 # still finds it.
-WEIGHTS = Topic(
-    "floe.weights", WeightsPublished, "base_model", partitions=1, compacted=True, retention_ms=-1
-)
+WEIGHTS = Topic("floe.weights", WeightsPublished, "base_model", partitions=1, compacted=True, retention_ms=-1)
 DEAD_LETTER = Topic("floe.dead-letter", DeadLetter, "source_topic", partitions=1, max_message_bytes=32 * MiB)
 
 TOPICS: tuple[Topic[Any], ...] = (

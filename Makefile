@@ -1,0 +1,69 @@
+# floe — the two commands are `make demo` and `make test`. Both install what they need on a fresh machine
+# (uv, the Python workspace, Kafka jars from Maven Central, Debian packages, harness CLIs) and reuse caches later.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+UV := $(shell command -v uv 2>/dev/null || echo $(HOME)/.local/bin/uv)
+PY := .venv/bin/python
+export FLOE_CACHE ?= $(HOME)/.cache/floe
+SRC := schemas/src libs/eventbus/src libs/tasks/src cli/src services/inference/src services/gateway/src \
+       services/scorer/src services/rollout/src services/learner/src
+PYTEST_ARGS ?=
+
+.PHONY: help bootstrap uv deps system-deps kafka-jars harnesses lint fmt typecheck test test-fast test-unit \
+        test-integration bench demo kafka-up kafka-down clean
+
+help:  ## list targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
+
+uv:
+	@command -v $(UV) >/dev/null 2>&1 || python3 -m pip install --quiet --user uv
+
+deps: uv  ## Python workspace into .venv (torch etc. come from uv's cache after the first run)
+	$(UV) sync --all-packages --frozen --quiet
+
+system-deps:  ## Debian packages (bubblewrap for sandboxes, git)
+	@bash scripts/system-deps.sh
+
+kafka-jars:  ## Apache Kafka broker jars from Maven Central into deploy/kafka/lib
+	@bash deploy/kafka/kafka.sh jars
+
+harnesses:  ## harness CLIs from npm/PyPI into $(FLOE_CACHE)/harnesses
+	@if [ -f deploy/harnesses/install.sh ]; then bash deploy/harnesses/install.sh; fi
+
+bootstrap: deps system-deps kafka-jars harnesses  ## everything the tests and the demo need
+
+fmt:  ## format the code
+	$(PY) -m ruff format .
+	$(PY) -m ruff check --fix .
+
+lint: deps  ## ruff
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+typecheck: deps  ## mypy
+	$(PY) -m mypy $(SRC)
+
+test: bootstrap lint typecheck  ## lint, type-check and run every test (unit, integration, slow end-to-end)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: deps  ## the fast tests only (skips tests marked slow)
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+test-unit: deps  ## unit tests only: no broker needed
+	$(PY) -m pytest -m "not integration and not slow" $(PYTEST_ARGS)
+
+bench: bootstrap  ## run every benchmark; each prints its ratios side by side
+	@set -e; for b in bench/*/run.py; do echo "== $$b"; $(PY) $$b; done
+
+demo: bootstrap  ## the main job on the embedded default: local Kafka, CPU engine, tiny model, bundled tasks
+	.venv/bin/floe demo
+
+kafka-up: deps kafka-jars  ## start the local broker (state in .floe/)
+	.venv/bin/floe kafka up
+
+kafka-down:  ## stop the local broker
+	.venv/bin/floe kafka down
+
+clean:  ## remove local state (broker data, reports); caches are kept
+	rm -rf .floe reports .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Install the agent CLIs that floe's harness presets run, into one cache prefix.
+#
+#   deploy/harnesses/install.sh            # all harnesses
+#   deploy/harnesses/install.sh pi codex   # a subset (names as in services/gateway/presets/)
+#
+# Layout (FLOE_HARNESS_HOME, default ${FLOE_CACHE:-$HOME/.cache/floe}/harnesses):
+#   npm/            one npm prefix for the JS CLIs: npm/bin/{codex,claude,qwen,pi,gemini,opencode}
+#   mini-swe-agent/ a Python venv with mini-swe-agent: mini-swe-agent/bin/mini
+#   versions.txt    what was installed (the presets name these versions)
+# Idempotent: a CLI whose pinned version is already installed is skipped, so a cached run takes well under a
+# second. Needs node >= 20 and npm (the Makefile's `harnesses` target), python3 with venv for mini-swe-agent.
+# The sandbox mounts this directory read-only at /opt/floe/harnesses; nothing is installed per session.
+set -euo pipefail
+
+PREFIX="${FLOE_HARNESS_HOME:-${FLOE_CACHE:-$HOME/.cache/floe}/harnesses}"
+PYTHON="${FLOE_HARNESS_PYTHON:-python3}"
+
+# Pinned versions: the ones docs/harnesses.md verified. Bump them together with the presets.
+declare -A NPM_PKG=(
+  [codex]="@openai/codex@0.171.0"
+  [claude-code]="@anthropic-ai/claude-code@2.1.197"
+  [qwen-code]="@qwen-code/qwen-code@0.15.10"
+  [pi]="@mariozechner/pi-coding-agent@0.73.1"
+  [gemini-cli]="@google/gemini-cli@0.61.0"
+  [opencode]="opencode-ai@latest"
+)
+declare -A NPM_BIN=(
+  [codex]=codex [claude-code]=claude [qwen-code]=qwen [pi]=pi [gemini-cli]=gemini [opencode]=opencode
+)
+MINI_SWE_AGENT_SPEC="mini-swe-agent==2.4.6"
+
+log() { printf '[harnesses] %s\n' "$*" >&2; }
+
+want=("$@")
+if [ ${#want[@]} -eq 0 ]; then
+  want=(codex claude-code qwen-code pi gemini-cli opencode mini-swe-agent)
+fi
+
+mkdir -p "$PREFIX/npm"
+# World-readable: the sandbox user (an unprivileged uid) executes these files.
+chmod 755 "$PREFIX" "$PREFIX/npm"
+
+installed_npm_version() {  # package name without version -> installed version or empty
+  local pkg="$1" manifest="$PREFIX/npm/lib/node_modules/$1/package.json"
+  [ -f "$manifest" ] && node -e 'process.stdout.write(require(process.argv[1]).version)' "$manifest" 2>/dev/null || true
+}
+
+to_install=()
+for name in "${want[@]}"; do
+  if [ "$name" = "mini-swe-agent" ]; then continue; fi
+  spec="${NPM_PKG[$name]:-}"
+  if [ -z "$spec" ]; then log "unknown harness: $name"; exit 2; fi
+  pkg="${spec%@*}"; version="${spec##*@}"
+  have="$(installed_npm_version "$pkg")"
+  if [ -n "$have" ] && { [ "$version" = "latest" ] || [ "$have" = "$version" ]; } && [ -x "$PREFIX/npm/bin/${NPM_BIN[$name]}" ]; then
+    log "$name $have already installed"
+  else
+    to_install+=("$spec")
+  fi
+done
+
+if [ ${#to_install[@]} -gt 0 ]; then
+  log "npm install ${to_install[*]}"
+  # Optional dependencies carry the native Codex and Claude Code binaries: never --omit=optional.
+  npm install --global --prefix "$PREFIX/npm" --no-fund --no-audit --loglevel=error "${to_install[@]}"
+fi
+
+for name in "${want[@]}"; do
+  if [ "$name" != "mini-swe-agent" ]; then continue; fi
+  venv="$PREFIX/mini-swe-agent"
+  if [ -x "$venv/bin/mini" ] && "$venv/bin/python" -c 'import importlib.metadata as m, sys; sys.exit(m.version("mini-swe-agent") != sys.argv[1])' "${MINI_SWE_AGENT_SPEC##*==}" 2>/dev/null; then
+    log "mini-swe-agent already installed"
+  else
+    log "pip install $MINI_SWE_AGENT_SPEC"
+    "$PYTHON" -m venv "$venv"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$MINI_SWE_AGENT_SPEC"
+  fi
+done
+
+chmod -R a+rX "$PREFIX"
+{
+  for name in "${want[@]}"; do
+    if [ "$name" = "mini-swe-agent" ]; then
+      printf 'mini-swe-agent %s\n' "$("$PREFIX/mini-swe-agent/bin/python" -c 'import importlib.metadata as m; print(m.version("mini-swe-agent"))')"
+    else
+      spec="${NPM_PKG[$name]}"; printf '%s %s\n' "$name" "$(installed_npm_version "${spec%@*}")"
+    fi
+  done
+} > "$PREFIX/versions.txt"
+log "done: $PREFIX"
+cat "$PREFIX/versions.txt" >&2
