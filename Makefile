@@ -7,10 +7,10 @@ UV := $(shell command -v uv 2>/dev/null || echo $(HOME)/.local/bin/uv)
 PY := .venv/bin/python
 export FLOE_CACHE ?= $(HOME)/.cache/floe
 SRC := schemas/src libs/eventbus/src libs/tasks/src cli/src services/inference/src services/gateway/src \
-       services/scorer/src services/rollout/src services/learner/src
+       services/scorer/src services/rollout/src services/learner/src services/dashboard/src
 PYTEST_ARGS ?=
 
-.PHONY: help bootstrap uv deps system-deps kafka-jars harnesses lint fmt typecheck test test-fast test-unit \
+.PHONY: help bootstrap uv deps system-deps test-deps kafka-jars harnesses lint fmt typecheck test test-fast test-unit \
         test-integration bench demo kafka-up kafka-down clean
 
 help:  ## list targets
@@ -22,8 +22,11 @@ uv:
 deps: uv  ## Python workspace into .venv (torch etc. come from uv's cache after the first run)
 	$(UV) sync --all-packages --frozen --quiet
 
-system-deps:  ## Debian packages (bubblewrap for sandboxes, git)
+system-deps:  ## Debian packages (bubblewrap for sandboxes, git, Java + Maven for the broker)
 	@bash scripts/system-deps.sh
+
+test-deps:  ## what only the tests need on top (headless Chromium for the dashboard test)
+	@bash scripts/system-deps.sh --test
 
 kafka-jars:  ## Apache Kafka broker jars from Maven Central into deploy/kafka/lib
 	@bash deploy/kafka/kafka.sh jars
@@ -44,7 +47,7 @@ lint: deps  ## ruff
 typecheck: deps  ## mypy
 	$(PY) -m mypy $(SRC)
 
-test: bootstrap lint typecheck  ## lint, type-check and run every test (unit, integration, slow end-to-end)
+test: bootstrap test-deps lint typecheck  ## lint, type-check and run every test (unit, integration, slow end-to-end)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: deps  ## the fast tests only (skips tests marked slow)

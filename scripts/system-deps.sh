@@ -7,6 +7,10 @@ command -v bwrap >/dev/null || need+=(bubblewrap)
 command -v java >/dev/null || need+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null || need+=(maven)
 command -v prlimit >/dev/null || need+=(util-linux)
+# `--test`: also what the test suite needs (headless Chromium for the dashboard test).
+if [ "${1:-}" = "--test" ]; then
+  command -v chromium >/dev/null || need+=(chromium)
+fi
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -ne 0 ] && ! command -v sudo >/dev/null; then
   echo "floe: missing system packages: ${need[*]}; install them (Debian/Ubuntu: apt-get install ${need[*]})" >&2
