@@ -69,8 +69,13 @@ class Stack:
             log.write(f"\n===== start {time.strftime('%H:%M:%S')} {' '.join(spec.argv)}\n".encode())
             log.flush()
             proc = subprocess.Popen(
-                spec.argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True, cwd=self.run_dir,
+                spec.argv,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                cwd=self.run_dir,
             )
         previous = self._running.get(spec.name)
         self._running[spec.name] = _Running(spec, proc, log_path, previous.restarts + 1 if previous else 0)

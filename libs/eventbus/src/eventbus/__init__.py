@@ -1,1 +1,61 @@
-"""floe eventbus."""
+"""floe's shared Kafka runtime: the only package that imports a Kafka client.
+
+``KafkaSettings`` (env ``FLOE_KAFKA_*``), ``configure_logging``, ``ensure_topics``, ``Producer`` (idempotent,
+acks=all, ``await send()`` returns once acked), ``Consumer`` (read_committed, manual commits, poison messages to
+the dead-letter topic), ``TransactionalProcessor`` (exactly-once consume→produce), the error tree in
+``eventbus.errors``, ``health_router`` (/health, /metrics) and metric helpers. Test fixtures: ``eventbus.testing``.
+"""
+
+from eventbus.admin import TopicInfo, describe_topics, ensure_topics, ensure_topics_sync, list_topics
+from eventbus.consumer import Consumer, Message
+from eventbus.errors import (
+    AuthenticationFailed,
+    BrokerUnavailable,
+    ClientStateError,
+    ConfigurationError,
+    EventBusError,
+    KafkaFailure,
+    MessageTooLarge,
+    OperationTimeout,
+    ProducerFenced,
+    SerializationFailed,
+    TopicMissing,
+    TransactionAborted,
+    TransactionError,
+    map_kafka_errors,
+)
+from eventbus.health import health_router
+from eventbus.logging import configure_logging
+from eventbus.producer import Delivery, Producer
+from eventbus.settings import KafkaSettings
+from eventbus.transactional import TransactionalProcessor
+
+__all__ = [
+    "AuthenticationFailed",
+    "BrokerUnavailable",
+    "ClientStateError",
+    "ConfigurationError",
+    "Consumer",
+    "Delivery",
+    "EventBusError",
+    "KafkaFailure",
+    "KafkaSettings",
+    "Message",
+    "MessageTooLarge",
+    "OperationTimeout",
+    "Producer",
+    "ProducerFenced",
+    "SerializationFailed",
+    "TopicInfo",
+    "TopicMissing",
+    "TransactionAborted",
+    "TransactionError",
+    "TransactionalProcessor",
+    "configure_logging",
+    "describe_topics",
+    "ensure_topics",
+    "ensure_topics_sync",
+    "health_router",
+    "list_topics",
+    "map_kafka_errors",
+]

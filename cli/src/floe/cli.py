@@ -1,0 +1,75 @@
+"""The ``floe`` command: one entry point for the local broker, topics, replay, services and the demo.
+
+    floe kafka up|down|status|logs      local single-node Kafka (state in .floe/ or $FLOE_HOME or --state-dir)
+    floe topics create|list|describe    topics from the contracts registry
+    floe replay --topic T [...]         decoded events as JSON lines, or re-published into another topic
+    floe serve <service>                run a service (python -m <service>)
+    floe demo                           Kafka + topics (later: the whole main job)
+    floe <service> …                    that service's own commands (gateway, rollout, scorer, learner,
+                                        inference, dashboard, tasks), imported only when used
+
+Kafka address: --bootstrap, else FLOE_KAFKA_BOOTSTRAP_SERVERS, else the broker of `floe kafka up`, else
+127.0.0.1:9092.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+
+from eventbus import configure_logging
+from floe import demo, kafka_cmd, replay_cmd, services_cmd, topics_cmd
+
+__all__ = ["build_parser", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="floe", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--state-dir", default=None, help="state home (default: $FLOE_HOME or .floe/ in the checkout)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    kafka_cmd.add_parser(sub)
+    topics_cmd.add_parser(sub)
+    replay_cmd.add_parser(sub)
+    services_cmd.add_parser(sub)
+    demo.add_parser(sub)
+    for name in services_cmd.DELEGATES:
+        sub.add_parser(name, help=f"{name} commands (see: floe {name} --help)", add_help=False)
+    return parser
+
+
+def _hoist_state_dir(argv: list[str]) -> list[str]:
+    """Accept ``--state-dir`` anywhere (``floe kafka up --state-dir X``) by moving it before the command."""
+    rest: list[str] = []
+    hoisted: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--state-dir" and i + 1 < len(argv):
+            hoisted = ["--state-dir", argv[i + 1]]
+            i += 2
+            continue
+        if arg.startswith("--state-dir="):
+            hoisted = [arg]
+        else:
+            rest.append(arg)
+        i += 1
+    return hoisted + rest
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if hasattr(signal, "SIGPIPE") and threading.current_thread() is threading.main_thread():
+        # `floe replay … | head` should end quietly, like any Unix filter.
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    # Library logs (JSON) go to stderr and only from WARNING: stdout is the command's output.
+    configure_logging("floe", level=os.environ.get("FLOE_LOG_LEVEL", "WARNING"))
+    # Service subcommands are handed over untouched: their own parser owns everything after the name.
+    if argv and argv[0] in services_cmd.DELEGATES:
+        return services_cmd.delegate(argv[0], argv[1:])
+    args = build_parser().parse_args(_hoist_state_dir(argv))
+    return int(args.func(args))

@@ -1,0 +1,77 @@
+"""``floe serve <service>`` and ``floe <service> …``: thin, lazy hand-offs to the service packages.
+
+``serve`` replaces this process with ``python -m <service>`` (same interpreter), so signals and exit codes are the
+service's own. ``floe gateway …`` etc. import ``<service>.cli`` only when asked, so the CLI never pays for (or
+depends on) a service's heavy imports such as torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import os
+import sys
+from collections.abc import Callable
+
+__all__ = ["DELEGATES", "SERVICES", "add_parser", "delegate"]
+
+SERVICES = ("gateway", "rollout", "scorer", "learner", "inference", "dashboard")
+# `floe <name> …` -> module whose main(argv) handles the rest of the command line.
+DELEGATES = {
+    "gateway": "gateway.cli",
+    "rollout": "rollout.cli",
+    "scorer": "scorer.cli",
+    "learner": "learner.cli",
+    "inference": "inference.cli",
+    "dashboard": "dashboard.cli",
+    "tasks": "floe_tasks.cli",
+    "session": "gateway.sessions.cli",
+}
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("serve", help="run a service in the foreground (python -m <service>)")
+    p.add_argument("service", choices=SERVICES)
+    p.add_argument("service_args", nargs=argparse.REMAINDER, help="passed to the service")
+    p.set_defaults(func=serve)
+
+
+def _module_exists(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:  # the parent package is missing
+        return False
+
+
+def serve(args: argparse.Namespace) -> int:
+    module = args.service
+    if not (_module_exists(module) and _module_exists(f"{module}.__main__")):
+        print(
+            f"floe serve: service {module!r} is not runnable here (no {module}.__main__); "
+            f"install it with: uv sync --all-packages",
+            file=sys.stderr,
+        )
+        return 2
+    argv = [sys.executable, "-m", module, *args.service_args]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, argv)
+    return 0  # not reached
+
+
+def delegate(name: str, argv: list[str]) -> int:
+    module_name = DELEGATES[name]
+    if not _module_exists(module_name):
+        print(
+            f"floe {name}: this command needs {module_name} (package {module_name.split('.')[0]}), which is not "
+            f"installed or has no command line yet",
+            file=sys.stderr,
+        )
+        return 2
+    module = importlib.import_module(module_name)
+    main: Callable[[list[str] | None], int] | None = getattr(module, "main", None)
+    if main is None:
+        print(f"floe {name}: {module_name} has no main(argv) function", file=sys.stderr)
+        return 2
+    return int(main(argv) or 0)

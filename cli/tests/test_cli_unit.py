@@ -1,0 +1,100 @@
+"""floe CLI without a broker: argument handling, topic resolution, positions, lazy delegation errors."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from contracts import MODEL_CALLS
+from eventbus.replay import parse_position
+from floe.cli import _hoist_state_dir, build_parser, main
+from floe.services_cmd import DELEGATES
+from floe.topics_cmd import resolve_topic
+
+
+def test_state_dir_is_accepted_anywhere() -> None:
+    assert _hoist_state_dir(["kafka", "up", "--state-dir", "/x"]) == ["--state-dir", "/x", "kafka", "up"]
+    assert _hoist_state_dir(["kafka", "--state-dir=/y", "status"]) == ["--state-dir=/y", "kafka", "status"]
+    args = build_parser().parse_args(_hoist_state_dir(["kafka", "up", "--port", "0", "--state-dir", "/s"]))
+    assert (args.state_dir, args.kafka_cmd, args.port) == ("/s", "up", 0)
+
+
+def test_replay_arguments_parse_offsets_and_times() -> None:
+    args = build_parser().parse_args(
+        ["replay", "--topic", "floe.rewards", "--from", "5", "--to", "2026-11-30T01:00:00Z", "--partition", "2"]
+    )
+    assert args.start.offset == 5 and args.end.timestamp_ms == 1796000400000 and args.partition == [2]
+
+
+def test_bad_position_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["replay", "--topic", "floe.rewards", "--from", "yesterday"])
+    assert exc.value.code == 2
+    assert "neither an offset nor an ISO-8601 time" in capsys.readouterr().err
+
+
+def test_parse_position() -> None:
+    assert parse_position("0").offset == 0
+    assert parse_position("2026-11-30T01:00:00").timestamp_ms == 1796000400000  # naive = UTC
+    assert parse_position("2026-11-30T02:00:00+01:00").timestamp_ms == 1796000400000
+    with pytest.raises(ValueError):
+        parse_position("-3")
+
+
+def test_resolve_topic_accepts_registry_names_and_suffixed_copies() -> None:
+    assert resolve_topic("floe.model-calls") is MODEL_CALLS
+    copy = resolve_topic("floe.model-calls.t-abc")
+    assert copy.name == "floe.model-calls.t-abc" and copy.model is MODEL_CALLS.model
+    with pytest.raises(KeyError, match="not a registry topic"):
+        resolve_topic("nope")
+
+
+def test_unknown_topic_in_replay_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["replay", "--topic", "nope"]) == 2
+    assert "not a registry topic" in capsys.readouterr().err
+
+
+def test_delegation_to_a_missing_service_cli_is_a_clear_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert DELEGATES["tasks"] == "floe_tasks.cli" and DELEGATES["inference"] == "inference.cli"
+    # (Probing the real services here would import torch; a missing package takes the same code path.)
+    monkeypatch.setitem(DELEGATES, "scorer", "floe_no_such_package.cli")
+    assert main(["scorer", "--help"]) == 2
+    assert "needs floe_no_such_package.cli" in capsys.readouterr().err
+
+
+def test_delegation_imports_the_service_cli_lazily_and_hands_it_argv(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A real package on disk, imported through the normal machinery, exactly as a service's cli.py would be.
+    pkg = tmp_path / "floeprobe_svc"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "cli.py").write_text("def main(argv=None):\n    print('argv', argv)\n    return 7\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(DELEGATES, "scorer", "floeprobe_svc.cli")
+    assert "floeprobe_svc.cli" not in sys.modules
+    assert main(["scorer", "grade", "--fast"]) == 7
+    assert capsys.readouterr().out == "argv ['grade', '--fast']\n"
+    monkeypatch.delitem(sys.modules, "floeprobe_svc.cli")
+    monkeypatch.delitem(sys.modules, "floeprobe_svc")
+
+
+def test_serve_refuses_a_service_without_main_module(capsys: pytest.CaptureFixture[str]) -> None:
+    if not _importable("scorer.__main__"):  # the scorer package exists but has no __main__ yet
+        assert main(["serve", "scorer"]) == 2
+        assert "not runnable here" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["serve", "not-a-service"])
+
+
+def _importable(module: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False

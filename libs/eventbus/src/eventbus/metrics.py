@@ -1,0 +1,96 @@
+"""Prometheus metrics: the eventbus's own counters and small helpers for services.
+
+Every metric lives in a ``CollectorRegistry``. By default that is ``prometheus_client.REGISTRY`` (what
+``health_router`` exposes on ``/metrics``); tests pass their own registry so runs do not collide.
+Creating the same metric twice in one registry returns the existing one instead of raising, so services and tests
+can build their metrics wherever they need them.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics import MetricWrapperBase
+
+__all__ = ["BusMetrics", "bus_metrics", "counter", "gauge", "histogram", "new_registry"]
+
+M = TypeVar("M", bound=MetricWrapperBase)
+
+_lock = threading.Lock()
+_made: dict[tuple[int, str], MetricWrapperBase] = {}
+
+
+def new_registry() -> CollectorRegistry:
+    """A fresh registry (tests, or a service that wants only its own metrics on /metrics)."""
+    return CollectorRegistry(auto_describe=True)
+
+
+def _get_or_make(
+    kind: type[M], name: str, doc: str, labels: Sequence[str], registry: CollectorRegistry | None, **kw: object
+) -> M:
+    reg = registry if registry is not None else REGISTRY
+    with _lock:
+        found = _made.get((id(reg), name))
+        if found is not None:
+            if not isinstance(found, kind):
+                raise ValueError(f"metric {name!r} already exists as {type(found).__name__}")
+            return found
+        metric = kind(name, doc, labelnames=tuple(labels), registry=reg, **kw)  # type: ignore[arg-type]
+        _made[(id(reg), name)] = metric
+        return metric
+
+
+def counter(name: str, doc: str, labels: Sequence[str] = (), registry: CollectorRegistry | None = None) -> Counter:
+    return _get_or_make(Counter, name, doc, labels, registry)
+
+
+def gauge(name: str, doc: str, labels: Sequence[str] = (), registry: CollectorRegistry | None = None) -> Gauge:
+    return _get_or_make(Gauge, name, doc, labels, registry)
+
+
+def histogram(
+    name: str,
+    doc: str,
+    labels: Sequence[str] = (),
+    registry: CollectorRegistry | None = None,
+    buckets: Sequence[float] = Histogram.DEFAULT_BUCKETS,
+) -> Histogram:
+    return _get_or_make(Histogram, name, doc, labels, registry, buckets=tuple(buckets))
+
+
+@dataclass(frozen=True)
+class BusMetrics:
+    """The eventbus's metrics (label ``topic`` everywhere)."""
+
+    produced: Counter
+    produce_seconds: Histogram
+    consumed: Counter
+    dead_lettered: Counter
+    committed: Counter
+
+
+def bus_metrics(registry: CollectorRegistry | None = None) -> BusMetrics:
+    return BusMetrics(
+        produced=counter("floe_eventbus_produced_total", "events acknowledged by the broker", ["topic"], registry),
+        produce_seconds=histogram(
+            "floe_eventbus_produce_seconds",
+            "send() to broker acknowledgement",
+            ["topic"],
+            registry,
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+        ),
+        consumed=counter(
+            "floe_eventbus_consumed_total", "events decoded and handed to the application", ["topic"], registry
+        ),
+        dead_lettered=counter(
+            "floe_eventbus_dead_lettered_total",
+            "undecodable messages sent to the dead-letter topic",
+            ["topic"],
+            registry,
+        ),
+        committed=counter("floe_eventbus_commits_total", "offset commits (incl. transactional)", ["topic"], registry),
+    )

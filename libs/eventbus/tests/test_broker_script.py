@@ -1,0 +1,66 @@
+"""deploy/kafka/kafka.sh: signals only its own broker, clear usage errors, and the owner watchdog."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from eventbus.broker import LocalBroker, find_kafka_sh, free_port, wait_gone
+
+SCRIPT = find_kafka_sh()
+
+
+def sh(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=120, env={**os.environ, **(env or {})}
+    )
+
+
+def test_a_recorded_pid_that_is_not_our_broker_is_never_signalled(tmp_path: Path) -> None:
+    # A stale pid file naming a live, unrelated process (pid reuse): status says stopped and stop leaves it alone.
+    bystander = subprocess.Popen(["sleep", "60"])
+    try:
+        (tmp_path / "kafka.pid").write_text(str(bystander.pid))
+        status = sh("status", "--state-dir", str(tmp_path))
+        assert status.returncode == 3 and status.stdout.startswith("stopped")
+        stop = sh("stop", "--state-dir", str(tmp_path))
+        assert stop.returncode == 0 and "not running" in stop.stderr
+        time.sleep(0.2)
+        assert bystander.poll() is None, "kafka.sh signalled a process that is not its broker"
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_usage_errors_are_clear(tmp_path: Path) -> None:
+    bad = sh("explode")
+    assert bad.returncode == 1 and "unknown command 'explode'" in bad.stderr
+    opt = sh("status", "--colour", "red")
+    assert opt.returncode == 1 and "unknown option '--colour'" in opt.stderr
+    nojava = sh("start", "--state-dir", str(tmp_path), env={"FLOE_JAVA": str(tmp_path / "nope")})
+    assert nojava.returncode == 1 and "java not found" in nojava.stderr and "openjdk-17" in nojava.stderr
+    logs = sh("logs", "--state-dir", str(tmp_path))
+    assert logs.returncode == 1 and "no broker log" in logs.stderr
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_broker_stops_itself_when_its_owner_dies(tmp_path: Path) -> None:
+    owner = subprocess.Popen(["sleep", "600"])
+    broker = LocalBroker.at(tmp_path / "state")
+    try:
+        broker.start(free_port(), free_port(), owner_pid=owner.pid, ready_timeout_s=120)
+        pid = broker.pid()
+        assert pid is not None
+        owner.kill()  # the "pytest" that owned the broker dies without any teardown
+        owner.wait()
+        assert wait_gone(pid, timeout_s=60), "broker outlived its owner"
+        assert broker.status() is None
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+        broker.stop()
