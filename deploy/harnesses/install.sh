@@ -4,7 +4,8 @@
 #   deploy/harnesses/install.sh            # all harnesses
 #   deploy/harnesses/install.sh pi codex   # a subset (names as in services/gateway/presets/)
 #
-# Layout (FLOE_HARNESS_HOME, default ${FLOE_CACHE:-$HOME/.cache/floe}/harnesses):
+# Layout (FLOE_HARNESS_HOME, default ${FLOE_CACHE}/harnesses; FLOE_CACHE defaults to /var/cache/floe for root
+# and ~/.cache/floe otherwise: the sandbox's unprivileged uid must traverse the path, and /root is mode 0700):
 #   npm/            one npm prefix for the JS CLIs: npm/bin/{codex,claude,qwen,pi,gemini,opencode}
 #   mini-swe-agent/ a Python venv with mini-swe-agent: mini-swe-agent/bin/mini
 #   versions.txt    what was installed (the presets name these versions)
@@ -13,8 +14,11 @@
 # The sandbox mounts this directory read-only at /opt/floe/harnesses; nothing is installed per session.
 set -euo pipefail
 
-PREFIX="${FLOE_HARNESS_HOME:-${FLOE_CACHE:-$HOME/.cache/floe}/harnesses}"
-PYTHON="${FLOE_HARNESS_PYTHON:-python3}"
+if [ "$(id -u)" = 0 ]; then DEFAULT_CACHE=/var/cache/floe; else DEFAULT_CACHE="$HOME/.cache/floe"; fi
+PREFIX="${FLOE_HARNESS_HOME:-${FLOE_CACHE:-$DEFAULT_CACHE}/harnesses}"
+# The venv's interpreter must exist inside the sandbox, which mounts /usr but hides /root and /home: prefer the
+# system python over pyenv/uv shims.
+if [ -x /usr/bin/python3 ]; then PYTHON="${FLOE_HARNESS_PYTHON:-/usr/bin/python3}"; else PYTHON="${FLOE_HARNESS_PYTHON:-python3}"; fi
 
 # Pinned versions: the ones docs/harnesses.md verified. Bump them together with the presets.
 declare -A NPM_PKG=(
@@ -38,14 +42,17 @@ if [ ${#want[@]} -eq 0 ]; then
 fi
 
 mkdir -p "$PREFIX/npm"
+chmod 755 "$(dirname "$PREFIX")"
 # World-readable: the sandbox user (an unprivileged uid) executes these files.
 chmod 755 "$PREFIX" "$PREFIX/npm"
 
 installed_npm_version() {  # package name without version -> installed version or empty
   local pkg="$1" manifest="$PREFIX/npm/lib/node_modules/$1/package.json"
-  [ -f "$manifest" ] && node -e 'process.stdout.write(require(process.argv[1]).version)' "$manifest" 2>/dev/null || true
+  # The first "version" key of an npm package.json is the package's own (no node start-up: this runs 12 times).
+  [ -f "$manifest" ] && sed -n 's/^[[:space:]]*"version":[[:space:]]*"\([^"]*\)".*/\1/p' "$manifest" | head -n1 || true
 }
 
+changed=0
 to_install=()
 for name in "${want[@]}"; do
   if [ "$name" = "mini-swe-agent" ]; then continue; fi
@@ -64,6 +71,7 @@ if [ ${#to_install[@]} -gt 0 ]; then
   log "npm install ${to_install[*]}"
   # Optional dependencies carry the native Codex and Claude Code binaries: never --omit=optional.
   npm install --global --prefix "$PREFIX/npm" --no-fund --no-audit --loglevel=error "${to_install[@]}"
+  changed=1
 fi
 
 for name in "${want[@]}"; do
@@ -75,18 +83,19 @@ for name in "${want[@]}"; do
     log "pip install $MINI_SWE_AGENT_SPEC"
     "$PYTHON" -m venv "$venv"
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$MINI_SWE_AGENT_SPEC"
+    changed=1
   fi
 done
 
-chmod -R a+rX "$PREFIX"
+if [ "$changed" = 1 ]; then chmod -R a+rX "$PREFIX"; fi
 {
-  for name in "${want[@]}"; do
-    if [ "$name" = "mini-swe-agent" ]; then
-      printf 'mini-swe-agent %s\n' "$("$PREFIX/mini-swe-agent/bin/python" -c 'import importlib.metadata as m; print(m.version("mini-swe-agent"))')"
-    else
-      spec="${NPM_PKG[$name]}"; printf '%s %s\n' "$name" "$(installed_npm_version "${spec%@*}")"
-    fi
+  for name in codex claude-code qwen-code pi gemini-cli opencode; do
+    spec="${NPM_PKG[$name]}"; have="$(installed_npm_version "${spec%@*}")"
+    if [ -n "$have" ]; then printf '%s %s\n' "$name" "$have"; fi
   done
+  if [ -x "$PREFIX/mini-swe-agent/bin/python" ]; then
+    printf 'mini-swe-agent %s\n' "$("$PREFIX/mini-swe-agent/bin/python" -c 'import importlib.metadata as m; print(m.version("mini-swe-agent"))')"
+  fi
 } > "$PREFIX/versions.txt"
 log "done: $PREFIX"
 cat "$PREFIX/versions.txt" >&2
