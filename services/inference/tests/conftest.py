@@ -1,0 +1,93 @@
+"""Fixtures: the tiny dev checkpoint (built once per session) and a real uvicorn server on a free port."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import uvicorn
+
+from eventbus import KafkaSettings
+from inference import InferenceSettings, create_app, init_dev_model
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextmanager
+def running_server(settings: InferenceSettings, kafka: KafkaSettings | None = None) -> Iterator[str]:
+    """Run the real app under uvicorn in a thread; yields its base URL and shuts it down cleanly."""
+    port = free_port()
+    settings = settings.model_copy(update={"port": port})
+    app = create_app(settings, kafka=kafka)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("inference server failed to start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+@pytest.fixture(scope="session")
+def dev_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return init_dev_model(tmp_path_factory.mktemp("dev-model") / "v0")
+
+
+@pytest.fixture(scope="session")
+def make_settings(dev_model_dir: Path) -> Callable[..., InferenceSettings]:
+    def make(**overrides: Any) -> InferenceSettings:
+        base: dict[str, Any] = {
+            "model_dir": dev_model_dir,
+            "consume_weights": False,
+            "init_if_missing": False,
+            "threads": 1,
+            "seed": 1234,
+            "max_model_len": 4096,
+        }
+        base.update(overrides)
+        return InferenceSettings(**base)
+
+    return make
+
+
+@pytest.fixture(scope="module")
+def base_url(make_settings: Callable[..., InferenceSettings]) -> Iterator[str]:
+    with running_server(make_settings()) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def serve() -> Callable[..., Any]:
+    """``with serve(settings, kafka=None) as url:`` — a real server for tests that need their own settings."""
+    return running_server
+
+
+def _teacher_forced_logprobs(model: Any, prompt: list[int], completion: list[int]) -> list[float]:
+    """One forward pass over prompt+completion, no cache, no padding: the logprob of each completion token."""
+    with torch.inference_mode():
+        logits = model(input_ids=torch.tensor([prompt + completion])).logits[0].float()  # (T, V)
+    logprobs = torch.log_softmax(logits, dim=-1)
+    start = len(prompt) - 1  # position t predicts token t+1
+    return [float(logprobs[start + i, tok]) for i, tok in enumerate(completion)]
+
+
+@pytest.fixture(scope="session")
+def teacher_forced_logprobs() -> Callable[..., list[float]]:
+    return _teacher_forced_logprobs

@@ -1,0 +1,105 @@
+"""docker-compose.yml and the Dockerfiles must match the code (no Docker engine runs here, so we parse them).
+
+Checks: every build context and Dockerfile exists and installs the package of the service it builds; every
+``python -m X`` command names a runnable package; every ``floe …`` command parses; every ``FLOE_*`` variable is a
+field of the settings class that reads its prefix (pydantic-settings would reject or ignore a misspelt one).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from pydantic_settings import BaseSettings
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPOSE: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+SERVICES: dict[str, dict[str, Any]] = COMPOSE["services"]
+PACKAGES = ["inference", "gateway", "scorer", "rollout", "learner", "dashboard"]
+SETTINGS_MODULES = ["eventbus.settings", *(f"{p}.settings" for p in PACKAGES)]
+
+
+def _settings_by_prefix() -> dict[str, type[BaseSettings]]:
+    found: dict[str, type[BaseSettings]] = {}
+    for module_name in SETTINGS_MODULES:
+        module = importlib.import_module(module_name)
+        for _, obj in inspect.getmembers(module, inspect.isclass):
+            if issubclass(obj, BaseSettings) and obj is not BaseSettings and obj.__module__ == module_name:
+                prefix = obj.model_config.get("env_prefix", "")
+                if prefix:
+                    found[prefix.upper()] = obj
+    return found
+
+
+def _environment(svc: dict[str, Any]) -> dict[str, str]:
+    env = svc.get("environment") or {}
+    if isinstance(env, list):
+        env = dict(item.split("=", 1) for item in env)
+    return {str(k): str(v) for k, v in env.items()}
+
+
+@pytest.mark.parametrize("name", sorted(n for n, s in SERVICES.items() if "build" in s))
+def test_build_context_and_dockerfile_match_the_service(name: str) -> None:
+    build = SERVICES[name]["build"]
+    context = ROOT / build["context"]
+    dockerfile = context / build["dockerfile"]
+    assert context.is_dir() and dockerfile.is_file(), f"{name}: {dockerfile} missing"
+    svc_dir = dockerfile.parent
+    package = svc_dir.name
+    text = dockerfile.read_text()
+    assert f"--package floe-{package}" in text, f"{dockerfile} does not install floe-{package}"
+    assert re.search(rf'CMD \["python", "-m", "{package}"\]', text), f"{dockerfile} does not run {package}"
+    assert (svc_dir / "src" / package / "__main__.py").is_file(), f"{package} has no __main__"
+
+
+@pytest.mark.parametrize("name", sorted(SERVICES))
+def test_commands_exist(name: str) -> None:
+    command = SERVICES[name].get("command")
+    if not command:
+        return
+    if command[:2] == ["python", "-m"]:
+        module = command[2]
+        spec = importlib.util.find_spec(f"{module}.__main__")
+        assert spec is not None, f"{name}: python -m {module} has no __main__"
+    elif command[0] == "floe":
+        floe = Path(sys.executable).parent / "floe"
+        proc = subprocess.run([str(floe), *command[1:], "--help"], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, f"{name}: `{' '.join(command)}` is not a floe command: {proc.stderr[-500:]}"
+    else:
+        pytest.fail(f"{name}: unexpected command {command}")
+
+
+def test_every_floe_variable_is_a_settings_field() -> None:
+    by_prefix = _settings_by_prefix()
+    assert "FLOE_KAFKA_" in by_prefix and "FLOE_GATEWAY_" in by_prefix
+    for name, svc in SERVICES.items():
+        for var in _environment(svc):
+            if not var.startswith("FLOE_"):
+                continue
+            if var.startswith("FLOE_VLLM_"):  # read by deploy/vllm/serve.sh, not by a settings class
+                assert var in (ROOT / "deploy" / "vllm" / "serve.sh").read_text(), f"{name}: serve.sh ignores {var}"
+                continue
+            prefix = next((p for p in sorted(by_prefix, key=len, reverse=True) if var.startswith(p)), None)
+            assert prefix is not None, f"{name}: {var} has no settings class"
+            field = var[len(prefix) :].lower()
+            assert field in by_prefix[prefix].model_fields, f"{name}: {var} is not a field of {by_prefix[prefix]}"
+
+
+def test_vllm_profile_uses_the_checked_in_serve_script() -> None:
+    vllm = SERVICES["vllm"]
+    assert vllm["profiles"] == ["gpu"]
+    script = ROOT / vllm["entrypoint"][1].replace("/deploy/", "deploy/", 1)
+    assert script.is_file(), f"{script} missing"
+    assert "vllm serve" in script.read_text()
+
+
+def test_every_service_package_has_a_compose_service() -> None:
+    built = {Path(s["build"]["dockerfile"]).parent.name for s in SERVICES.values() if "build" in s}
+    assert set(PACKAGES) <= built
