@@ -62,8 +62,11 @@ def test_reload_script_drains_reloads_and_always_resumes() -> None:
 
 def test_compose_gpu_profile_uses_the_same_port_and_name() -> None:
     settings = InferenceSettings(_env_file=None)  # type: ignore[call-arg]
-    svc = yaml.safe_load((DEPLOY / "compose.gpu.yml").read_text())["services"]["vllm"]
+    compose = yaml.safe_load((DEPLOY.parents[1] / "docker-compose.yml").read_text())["services"]
+    svc = compose["vllm"]
     assert svc["profiles"] == ["gpu"]
     assert svc["environment"]["FLOE_VLLM_PORT"] == str(settings.port)
     assert svc["environment"]["FLOE_VLLM_SERVED_MODEL_NAME"] == settings.served_model_name
-    assert f"{settings.port}:{settings.port}" in svc["ports"]
+    # vLLM answers under the CPU engine's name on the compose network, so the gateway config is the same.
+    assert "inference" in svc["networks"]["default"]["aliases"]
+    assert compose["inference"]["environment"]["FLOE_INFERENCE_PORT"] == str(settings.port)
