@@ -1,1 +1,26 @@
-"""floe learner."""
+"""floe learner: GRPO in torch on Arrow trajectory batches; checkpoints and publishes weight versions.
+
+``python -m learner`` runs the service (``learner.train.serve``); ``learner.grpo`` holds the loss,
+``learner.data`` the Arrow -> tensor path, ``learner.checkpoint`` the on-disk format shared with inference.
+"""
+
+from learner.checkpoint import LearnerState
+from learner.data import BatchError
+from learner.grpo import LossConfig, group_advantages, policy_loss, staleness_filter, token_weights
+from learner.settings import LearnerSettings
+from learner.train import Learner, StepResult, serve, train_files
+
+__all__ = [
+    "BatchError",
+    "Learner",
+    "LearnerSettings",
+    "LearnerState",
+    "LossConfig",
+    "StepResult",
+    "group_advantages",
+    "policy_loss",
+    "serve",
+    "staleness_filter",
+    "token_weights",
+    "train_files",
+]

@@ -1,0 +1,167 @@
+"""Checkpoints: one directory per weight version, written atomically, that inference engines load as-is.
+
+Layout of ``<root>/v<version:08d>/``:
+
+- ``model.safetensors`` (+ index if sharded) and ``config.json``: loadable by
+  ``AutoModelForCausalLM.from_pretrained(dir)``; tokenizer and generation files are copied from the base model
+  directory, so ``AutoTokenizer.from_pretrained(dir)`` works too (this directory is the ``WeightsPublished.uri``);
+- ``optimizer.pt``: the full AdamW state keyed by parameter name (``torch.distributed.checkpoint.state_dict``
+  format), so a restart continues the optimisation exactly;
+- ``floe.json``: ``{"version": N, ...}``, the version marker inference engines read;
+- ``learner_state.json``: version, step, the ids of every batch applied so far (the exactly-once ledger) and the
+  step's metrics.
+
+Atomicity: everything is written into ``<root>/.tmp-v<version>-<pid>`` and fsynced, then renamed to its final name
+(rename is atomic on POSIX). A reader therefore sees a complete version or none; leftover temp directories of a
+killed writer are removed on the next start.
+
+Limits: weights are saved in fp32 (the master copy), which doubles disk and load time versus bf16 for inference.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+import torch
+from torch import nn
+
+__all__ = ["LearnerState", "latest_checkpoint", "list_checkpoints", "prune", "read_state", "save_checkpoint"]
+
+log = structlog.get_logger()
+
+STATE_FILE = "learner_state.json"
+OPTIMIZER_FILE = "optimizer.pt"
+# The weight version as the inference engines read it when no WeightsPublished names it (shared layout).
+VERSION_FILE = "floe.json"
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".index.json")
+_SKIP_FILES = {"config.json", STATE_FILE, VERSION_FILE}
+
+
+@dataclass
+class LearnerState:
+    """What a restart needs besides tensors. ``applied_batches`` grows by one id per batch (ids are short strings;
+    a million steps is tens of MB, far beyond any run we plan, so no truncation)."""
+
+    version: int = 0
+    step: int = 0
+    applied_batches: list[str] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+    base_model: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> LearnerState:
+        raw = json.loads(text)
+        return cls(
+            version=int(raw["version"]),
+            step=int(raw["step"]),
+            applied_batches=[str(b) for b in raw["applied_batches"]],
+            metrics={str(k): float(v) for k, v in raw.get("metrics", {}).items()},
+            base_model=str(raw.get("base_model", "")),
+        )
+
+
+def version_dir(root: Path, version: int) -> Path:
+    return root / f"v{version:08d}"
+
+
+def list_checkpoints(root: Path) -> list[Path]:
+    """Complete checkpoint directories, oldest first."""
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.is_dir() and p.name.startswith("v") and (p / STATE_FILE).is_file()]
+    return sorted(found, key=lambda p: p.name)
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    found = list_checkpoints(root)
+    return found[-1] if found else None
+
+
+def read_state(path: Path) -> LearnerState:
+    return LearnerState.from_json((path / STATE_FILE).read_text())
+
+
+def clean_temp(root: Path) -> None:
+    """Remove temp directories a killed writer left behind."""
+    if root.is_dir():
+        for p in root.iterdir():
+            if p.name.startswith(".tmp-"):
+                shutil.rmtree(p, ignore_errors=True)
+
+
+def save_checkpoint(
+    root: Path,
+    state: LearnerState,
+    model: nn.Module,
+    model_state: dict[str, Any],
+    optimizer_state: dict[str, Any],
+    base_model_dir: Path,
+) -> Path:
+    """Write ``state.version`` atomically and return its final directory. Call on rank 0 with *full* state dicts."""
+    root.mkdir(parents=True, exist_ok=True)
+    final = version_dir(root, state.version)
+    tmp = root / f".tmp-{final.name}-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    save: Any = getattr(model, "save_pretrained", None)
+    assert save is not None, "the policy must be a transformers PreTrainedModel"
+    save(str(tmp), state_dict=model_state)
+    _copy_tokenizer_files(base_model_dir, tmp)
+    (tmp / VERSION_FILE).write_text(
+        json.dumps({"version": state.version, "step": state.step, "base_model": state.base_model}, indent=2) + "\n"
+    )
+    torch.save(optimizer_state, tmp / OPTIMIZER_FILE)
+    (tmp / STATE_FILE).write_text(state.to_json())
+    _fsync_tree(tmp)
+    if final.exists():
+        # Same version written again (a crash after rename, before the Kafka commit): identical content by
+        # construction, so replace it.
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    _fsync_dir(root)
+    return final
+
+
+def prune(root: Path, keep: int) -> list[Path]:
+    """Delete all but the newest ``keep`` checkpoints; return what was deleted."""
+    found = list_checkpoints(root)
+    doomed = found[:-keep] if keep > 0 else []
+    for p in doomed:
+        shutil.rmtree(p, ignore_errors=True)
+    return doomed
+
+
+def _copy_tokenizer_files(src: Path, dst: Path) -> None:
+    if not src.is_dir():
+        return
+    for p in src.iterdir():
+        if not p.is_file() or p.name in _SKIP_FILES or p.name.endswith(_WEIGHT_SUFFIXES):
+            continue
+        if not (dst / p.name).exists():
+            shutil.copy2(p, dst / p.name)
+
+
+def _fsync_tree(path: Path) -> None:
+    for p in path.iterdir():
+        if p.is_file():
+            with open(p, "rb") as f:
+                os.fsync(f.fileno())
+    _fsync_dir(path)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

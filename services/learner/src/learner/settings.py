@@ -1,0 +1,76 @@
+"""Learner settings: every knob, read once from ``FLOE_LEARNER_*`` environment variables (or passed explicitly).
+
+Defaults follow Polar's SWE-Gym recipe (polar.md §5.1): AdamW lr 1e-6, betas (0.9, 0.98), weight decay 0.1, clip
+0.2 / 0.28, TIS on (cap 2), k3 KL with coefficient 0.001, gradient clipping at 1.0.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from learner.grpo import Aggregation, LossConfig
+
+__all__ = ["LearnerSettings"]
+
+
+class LearnerSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="FLOE_LEARNER_", extra="forbid")
+
+    # Model and checkpoints
+    model_dir: Path = Field(description="base model directory (safetensors + config + tokenizer); version 0")
+    checkpoint_dir: Path = Field(description="one sub-directory per published weight version")
+    policy_name: str = Field(default="policy", description="WeightsPublished.base_model (the compacted topic key)")
+    keep_checkpoints: int = Field(default=3, ge=1, description="newest versions kept on disk")
+
+    # Optimiser
+    lr: float = Field(default=1e-6, gt=0)
+    betas: tuple[float, float] = (0.9, 0.98)
+    weight_decay: float = Field(default=0.1, ge=0)
+    adam_eps: float = Field(default=1e-8, gt=0)
+    max_grad_norm: float = Field(default=1.0, gt=0)
+    optimizer_steps_per_batch: int = Field(default=1, ge=1, description="PPO mini-batches per trajectory batch")
+
+    # Loss
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    tis_cap: float = 2.0
+    kl_coef: float = Field(default=0.001, ge=0)
+    loss_agg: Aggregation = "token-mean"
+    max_staleness: int | None = Field(default=3, ge=0, description="max weight-version lag of a trained token")
+    temperature: float = Field(default=1.0, gt=0, description="the sampler's temperature (logits are divided by it)")
+
+    # Batching and hardware
+    micro_batch_tokens: int = Field(default=8192, gt=0, description="padded tokens per micro-batch")
+    max_seq_len: int = Field(default=32768, gt=1)
+    device: str = Field(default="auto", description="auto | cpu | cuda")
+    bf16: bool | None = Field(default=None, description="bf16 compute; default: on for CUDA, off on CPU")
+    gradient_checkpointing: bool | None = Field(default=None, description="default: on for CUDA, off on CPU")
+    strategy: Literal["ddp", "fsdp"] = "ddp"
+    seed: int = 0
+
+    # Kafka
+    group_id: str = "learner"
+    batches_topic: str | None = Field(default=None, description="override the trajectory-batches topic name")
+    weights_topic: str | None = Field(default=None, description="override the weights topic name")
+
+    # Test hook: sleep this long inside each step, after backward and before the optimizer step, so a crash test
+    # can kill the process mid-step deterministically. Never set in production.
+    debug_step_delay_s: float = Field(default=0.0, ge=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> LearnerSettings:
+        self.loss_config()  # asserts its invariants early
+        # A misspelt knob must not silently fall back to its default.
+        known = {f"FLOE_LEARNER_{name.upper()}" for name in type(self).model_fields}
+        unknown = sorted(k for k in os.environ if k.startswith("FLOE_LEARNER_") and k not in known)
+        if unknown:
+            raise ValueError(f"unknown learner setting(s) in the environment: {', '.join(unknown)}")
+        return self
+
+    def loss_config(self) -> LossConfig:
+        return LossConfig(clip_low=self.clip_low, clip_high=self.clip_high, tis_cap=self.tis_cap, kl_coef=self.kl_coef)

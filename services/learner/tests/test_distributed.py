@@ -1,0 +1,59 @@
+"""torchrun with 2 gloo processes (DDP and FSDP2) gives the same update as 1 process on the same data."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from contracts import to_ipc
+from learner import LearnerSettings, train_files
+from learner.synthetic import per_request_rows, synthetic_sessions
+
+# lr 1 with Adam eps 1 makes the update linear in the gradient (see test_train), so comparing weights after two
+# steps compares the gradients of both steps, including the second step's dependence on the first.
+LINEAR = {"lr": 1.0, "adam_eps": 1.0, "weight_decay": 0.0, "kl_coef": 0.01, "micro_batch_tokens": 256}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_process_gloo_run_matches_one_process(tiny_model_dir, tmp_path, strategy):
+    rng = random.Random(7)
+    files = []
+    for i in range(2):
+        f = tmp_path / f"b{i}.arrow"
+        f.write_bytes(to_ipc(per_request_rows(synthetic_sessions(2, 3, 2, rng))))
+        files.append(f)
+
+    single = train_files(LearnerSettings(model_dir=tiny_model_dir, checkpoint_dir=tmp_path / "one", **LINEAR), files)
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "FLOE_LEARNER_STRATEGY": strategy}
+    env.update({f"FLOE_LEARNER_{k.upper()}": str(v) for k, v in LINEAR.items()})
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "learner", "train-files", "--model-dir", str(tiny_model_dir), "--checkpoint-dir",
+           str(tmp_path / "two"), *map(str, files)]  # fmt: skip
+    # Own session, so a hang is killed with its worker processes (by our process group id), not left behind.
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # fmt: skip
+    try:
+        _, stderr = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, stderr[-4000:]
+    assert '"world_size": 2' in stderr
+
+    a = load_file(str(single[-1].checkpoint / "model.safetensors"))
+    b = load_file(str(tmp_path / "two" / "v00000002" / "model.safetensors"))
+    base = load_file(str(tiny_model_dir / "model.safetensors"))
+    assert a.keys() == b.keys()
+    for k in a:
+        assert not torch.equal(a[k], base[k]), f"{k} did not move"
+        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-6, msg=k)
