@@ -33,12 +33,15 @@ declare -A NPM_BIN=(
   [codex]=codex [claude-code]=claude [qwen-code]=qwen [pi]=pi [gemini-cli]=gemini [opencode]=opencode
 )
 MINI_SWE_AGENT_SPEC="mini-swe-agent==2.4.6"
+# The demo's toy agent (deploy/harnesses/toy_agent.py): a venv with the official openai SDK.
+TOY_AGENT_SPEC="openai==3.57.0"
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
 log() { printf '[harnesses] %s\n' "$*" >&2; }
 
 want=("$@")
 if [ ${#want[@]} -eq 0 ]; then
-  want=(codex claude-code qwen-code pi gemini-cli opencode mini-swe-agent)
+  want=(codex claude-code qwen-code pi gemini-cli opencode mini-swe-agent toy-agent)
 fi
 
 mkdir -p "$PREFIX/npm"
@@ -55,7 +58,7 @@ installed_npm_version() {  # package name without version -> installed version o
 changed=0
 to_install=()
 for name in "${want[@]}"; do
-  if [ "$name" = "mini-swe-agent" ]; then continue; fi
+  if [ "$name" = "mini-swe-agent" ] || [ "$name" = "toy-agent" ]; then continue; fi
   spec="${NPM_PKG[$name]:-}"
   if [ -z "$spec" ]; then log "unknown harness: $name"; exit 2; fi
   pkg="${spec%@*}"; version="${spec##*@}"
@@ -87,12 +90,35 @@ for name in "${want[@]}"; do
   fi
 done
 
+for name in "${want[@]}"; do
+  if [ "$name" != "toy-agent" ]; then continue; fi
+  venv="$PREFIX/toy-agent"
+  if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c 'import importlib.metadata as m, sys; sys.exit(m.version("openai") != sys.argv[1])' "${TOY_AGENT_SPEC##*==}" 2>/dev/null; then
+    log "toy-agent already installed"
+  else
+    log "pip install $TOY_AGENT_SPEC (toy agent)"
+    "$PYTHON" -m venv "$venv"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$TOY_AGENT_SPEC"
+    changed=1
+  fi
+  # The script is copied every time (cheap), so an edited toy_agent.py is picked up without a reinstall.
+  { printf '#!%s\n' "$venv/bin/python"; tail -n +2 "$HERE/toy_agent.py"; } > "$venv/bin/floe-toy-agent.new"
+  if ! cmp -s "$venv/bin/floe-toy-agent.new" "$venv/bin/floe-toy-agent" 2>/dev/null; then
+    mv "$venv/bin/floe-toy-agent.new" "$venv/bin/floe-toy-agent"; changed=1
+  else
+    rm -f "$venv/bin/floe-toy-agent.new"
+  fi
+  chmod 755 "$venv/bin/floe-toy-agent"
+done
 if [ "$changed" = 1 ]; then chmod -R a+rX "$PREFIX"; fi
 {
   for name in codex claude-code qwen-code pi gemini-cli opencode; do
     spec="${NPM_PKG[$name]}"; have="$(installed_npm_version "${spec%@*}")"
     if [ -n "$have" ]; then printf '%s %s\n' "$name" "$have"; fi
   done
+  if [ -x "$PREFIX/toy-agent/bin/python" ]; then
+    printf 'toy-agent openai-%s\n' "$("$PREFIX/toy-agent/bin/python" -c 'import importlib.metadata as m; print(m.version("openai"))')"
+  fi
   if [ -x "$PREFIX/mini-swe-agent/bin/python" ]; then
     printf 'mini-swe-agent %s\n' "$("$PREFIX/mini-swe-agent/bin/python" -c 'import importlib.metadata as m; print(m.version("mini-swe-agent"))')"
   fi

@@ -27,6 +27,7 @@ DELEGATES = {
     "dashboard": "dashboard.cli",
     "tasks": "floe_tasks.cli",
     "session": "gateway.sessions.cli",
+    "score": "scorer.cli",
 }
 
 

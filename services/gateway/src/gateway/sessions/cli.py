@@ -32,6 +32,7 @@ from contracts import (
     new_group_id,
     new_session_id,
 )
+from floe_tasks import NAMED_SETS
 
 __all__ = ["main", "session_main"]
 
@@ -130,7 +131,7 @@ async def _run(args: argparse.Namespace, settings: Any, out: TextIO) -> int:
         session_id=new_session_id(),
         group_id=new_group_id(),
         task_id=args.task,
-        task_source=str(Path(args.task_source).resolve()) if args.task_source != "bundled" else "bundled",
+        task_source=args.task_source if args.task_source in NAMED_SETS else str(Path(args.task_source).resolve()),
         harness=args.harness,
         model=args.model,
         agent_timeout_s=args.agent_timeout,

@@ -57,7 +57,7 @@ class TaskResolver:
         try:
             taskset = self._sets.get(task_source)
             if taskset is None:
-                taskset = TaskSet.bundled() if task_source == "bundled" else TaskSet.from_jsonl(task_source)
+                taskset = TaskSet.from_source(task_source)
                 self._sets[task_source] = taskset
             return taskset.get(task_id)
         except TaskError as exc:

@@ -1,0 +1,113 @@
+"""A task set: an ordered collection of ``Task`` s loaded from JSONL, with a content digest.
+
+``TaskSet.from_source(name_or_path)`` resolves a ``task_source`` (``bundled``, ``toy`` or a JSONL path).
+``TaskSet.bundled()`` is floe's own set (package data: ``bundled/tasks.jsonl`` + ``bundled/repos/<id>.bundle``).
+``TaskSet.from_jsonl(path)`` reads any JSONL of SWE-bench-format instances; snapshots are looked up in
+``repos_dir`` (default: ``<jsonl dir>/repos``) as ``<instance_id>.bundle`` or ``<owner>__<name>.bundle``.
+``digest`` hashes the instances and the bundle bytes, so caches keyed by it (gold validation) invalidate when
+anything graded changes.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from floe_tasks.errors import TaskNotFound, TaskSetError
+from floe_tasks.task import Task
+
+__all__ = ["BUNDLED_DIR", "NAMED_SETS", "TOY_DIR", "TaskSet"]
+
+BUNDLED_DIR = Path(__file__).parent / "bundled"
+TOY_DIR = Path(__file__).parent / "toy"
+# Task sets shipped inside the package, by the name a ``SessionRequested.task_source`` may use.
+NAMED_SETS = {"bundled": BUNDLED_DIR, "toy": TOY_DIR}
+
+
+class TaskSet:
+    """Immutable, ordered tasks by instance id."""
+
+    def __init__(self, tasks: Sequence[Task], *, name: str = "tasks") -> None:
+        self.name = name
+        self._tasks: dict[str, Task] = {}
+        for task in tasks:
+            if task.instance_id in self._tasks:
+                raise TaskSetError(f"duplicate instance_id {task.instance_id!r} in {name}")
+            self._tasks[task.instance_id] = task
+
+    @classmethod
+    @functools.cache
+    def bundled(cls) -> TaskSet:
+        """floe's bundled task set (cached: it is immutable package data)."""
+        return cls.from_source("bundled")
+
+    @classmethod
+    @functools.cache
+    def from_source(cls, source: str) -> TaskSet:
+        """Resolve a ``task_source`` as every service does: a shipped set's name (``bundled``, ``toy``) or the path
+        of a SWE-bench-format JSONL. Cached per source: task sets are immutable."""
+        if source in NAMED_SETS:
+            return cls.from_jsonl(NAMED_SETS[source] / "tasks.jsonl", name=source)
+        return cls.from_jsonl(source)
+
+    @classmethod
+    def from_jsonl(cls, path: str | Path, *, repos_dir: str | Path | None = None, name: str | None = None) -> TaskSet:
+        path = Path(path)
+        repos = Path(repos_dir) if repos_dir is not None else path.parent / "repos"
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise TaskSetError(f"cannot read task set {path}: {exc}") from exc
+        tasks: list[Task] = []
+        for lineno, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                task = Task.model_validate(json.loads(line))
+            except (json.JSONDecodeError, ValidationError) as exc:
+                raise TaskSetError(f"{path}:{lineno}: invalid instance: {exc}") from exc
+            tasks.append(task.with_snapshot(_find_bundle(repos, task)))
+        return cls(tasks, name=name or path.stem)
+
+    def get(self, instance_id: str) -> Task:
+        try:
+            return self._tasks[instance_id]
+        except KeyError:
+            raise TaskNotFound(f"no task {instance_id!r} in task set {self.name!r}") from None
+
+    def ids(self) -> list[str]:
+        return list(self._tasks)
+
+    def __iter__(self) -> Iterator[Task]:
+        return iter(self._tasks.values())
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def __contains__(self, instance_id: object) -> bool:
+        return instance_id in self._tasks
+
+    @functools.cached_property
+    def digest(self) -> str:
+        """sha256 over every instance (canonical JSON) and the bytes of its snapshot."""
+        h = hashlib.sha256()
+        for task in self._tasks.values():
+            h.update(json.dumps(task.model_dump(mode="json"), sort_keys=True).encode())
+            if task.snapshot is not None:
+                h.update(hashlib.sha256(task.snapshot.read_bytes()).digest())
+        return h.hexdigest()
+
+    def __repr__(self) -> str:
+        return f"TaskSet(name={self.name!r}, tasks={len(self)}, digest={self.digest[:12]})"
+
+
+def _find_bundle(repos: Path, task: Task) -> Path | None:
+    candidates = [repos / f"{task.instance_id}.bundle"]
+    if task.repo:
+        candidates.append(repos / f"{task.repo.replace('/', '__')}.bundle")
+    return next((c for c in candidates if c.is_file()), None)

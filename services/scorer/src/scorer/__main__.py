@@ -1,0 +1,61 @@
+"""``python -m scorer``: run the scorer service until SIGINT/SIGTERM.
+
+Startup: build the grader (probe isolation; refuse to run unsandboxed unless FLOE_SCORER_ALLOW_UNSANDBOXED=1),
+validate the default task set when ``FLOE_SCORER_VALIDATE_ON_START`` (cached by digest), then consume.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+
+import structlog
+
+from eventbus import KafkaSettings, configure_logging
+from scorer.errors import ScorerError
+from scorer.factory import load_taskset, make_grader
+from scorer.service import ScorerService
+from scorer.settings import ScorerSettings
+from scorer.validation import validate_taskset
+
+
+async def _main() -> int:
+    configure_logging("scorer")
+    log = structlog.get_logger()
+    settings = ScorerSettings()
+    try:
+        grader, _probe = make_grader(settings)
+    except ScorerError as exc:
+        log.error("scorer cannot start", error=str(exc))
+        return 2
+    invalid: dict[str, set[str]] = {}
+    if settings.validate_on_start:
+        taskset = load_taskset(settings.task_source)
+        rows = await asyncio.to_thread(
+            validate_taskset, taskset, grader, workers=settings.workers, cache_dir=settings.work_dir
+        )
+        invalid[settings.task_source] = {r.instance_id for r in rows if not r.ok}
+        log.info("task set validated", tasks=len(rows), invalid=sorted(invalid[settings.task_source]))
+    service = ScorerService(
+        grader,
+        KafkaSettings(),
+        workers=settings.workers,
+        group_id=settings.consumer_group,
+        transactional_id=settings.transactional_id or f"scorer-{os.uname().nodename}",
+        invalid_tasks=invalid,
+    )
+    task = asyncio.create_task(service.run())
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, task.cancel)
+    try:
+        await task
+    except asyncio.CancelledError:
+        log.info("scorer stopped", scored=service.scored)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(_main()))

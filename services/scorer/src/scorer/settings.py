@@ -1,0 +1,49 @@
+"""Scorer settings (env prefix ``FLOE_SCORER_``), built once in ``__main__``/``cli`` and passed down."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from scorer.sandbox import Limits
+
+__all__ = ["ScorerSettings"]
+
+
+class ScorerSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="FLOE_SCORER_", extra="forbid")
+
+    backend: Literal["bwrap", "docker", "bare"] = "bwrap"
+    allow_unsandboxed: bool = Field(
+        default=False, description="run untrusted diffs without isolation when bwrap does not work (level C)"
+    )
+    workers: int = Field(default=2, ge=1, le=64, description="concurrent graders")
+    work_dir: Path = Path("/var/tmp/floe-scorer")
+    test_python: str | None = None
+    first_uid: int = 61000
+    task_source: str = Field(default="bundled", description="'bundled' or a path to a SWE-bench JSONL")
+    consumer_group: str = "scorer"
+    transactional_id: str | None = Field(default=None, description="stable per instance; default scorer-<hostname>")
+    validate_on_start: bool = Field(default=False, description="grade gold/empty/test-patch for every task first")
+    protect_test_infra: bool = True
+    max_diff_bytes: int = 2 * 1024 * 1024
+    # limits per grading job
+    timeout_s: float = Field(default=300.0, gt=0, description="wall-clock limit per instance")
+    cpu_s: int = 120
+    memory_bytes: int = 4 * 1024**3
+    nproc: int = 256
+    fsize_bytes: int = 64 * 1024**2
+    testbed_bytes: int = 256 * 1024**2
+
+    def limits(self) -> Limits:
+        return Limits(
+            cpu_s=self.cpu_s,
+            address_space_bytes=self.memory_bytes,
+            nproc=self.nproc,
+            fsize_bytes=self.fsize_bytes,
+            testbed_bytes=self.testbed_bytes,
+            wall_s=self.timeout_s,
+        )

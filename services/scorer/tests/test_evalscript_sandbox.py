@@ -1,0 +1,78 @@
+"""Eval script shape and backend command lines (the docker backend is tested by its argv only)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from floe_tasks import TaskSet
+from scorer.evalscript import APPLY_COMMANDS, build_eval_script
+from scorer.grading import END_MARKER, START_MARKER
+from scorer.sandbox import BwrapSandbox, DockerSandbox, Job, Limits
+
+
+def test_eval_script_follows_the_harness_shape() -> None:
+    task = TaskSet.bundled().get("floe__seqtools-1")
+    script = build_eval_script(task, apply_patch=True)
+    assert script.startswith("set -uxo pipefail\n")
+    positions = [script.index(cmd) for cmd in APPLY_COMMANDS]
+    assert positions == sorted(positions), "fallbacks must be tried in SWE-bench's order"
+    assert "git apply --check --reverse" in script
+    reset = script.index(f"git checkout {task.base_commit} -- tests/test_core.py")
+    heredoc = script.index("git apply -v - <<'EOF_114329324912'")
+    start = script.index(START_MARKER)
+    end = script.index(END_MARKER)
+    assert reset < heredoc < start < end
+    assert task.test_patch.strip() in script
+    assert f"{task.test_cmd} tests/test_core.py" in script
+    assert "conftest" in script  # test-infrastructure protection is on by default
+    assert "conftest" not in build_eval_script(task, apply_patch=False, protect_test_infra=False)
+
+
+def test_bwrap_argv_isolation_flags() -> None:
+    sb = BwrapSandbox(ro_paths=[Path("/opt/env")])
+    argv = sb.argv(Job(input_dir=Path("/var/tmp/in"), limits=Limits(cpu_s=7, nproc=9, testbed_bytes=1234)), 61005)
+    assert argv[:4] == ["setpriv", "--reuid=61005", "--regid=61005", "--clear-groups"]
+    assert "--cpu=7" in argv and "--nproc=9" in argv and "--core=0" in argv
+    for flag in ("--unshare-all", "--die-with-parent", "--new-session", "--clearenv"):
+        assert flag in argv
+    # --tmpfs /tmp comes before every bind (later mounts would be shadowed otherwise)
+    assert argv.index("/tmp") < argv.index("--ro-bind")
+    i = argv.index("/var/tmp/in")
+    assert argv[i - 1] == "--ro-bind" and argv[i + 1] == "/floe"
+    j = argv.index("--size")
+    assert argv[j + 1] == "1234" and argv[j + 2 : j + 4] == ["--tmpfs", "/testbed"]
+    assert "/run" not in argv and "/var/run/docker.sock" not in argv
+
+
+def test_docker_argv_for_official_images() -> None:
+    sb = DockerSandbox()
+    image = sb.image_for("astropy__astropy-12907")
+    assert image == "swebench/sweb.eval.x86_64.astropy_1776_astropy-12907:latest"
+    argv = sb.argv(Job(input_dir=Path("/var/tmp/in"), limits=Limits(nproc=64), image=image, name="astropy-1"))
+    assert argv[:3] == ["docker", "run", "--rm"]
+    assert argv[argv.index("--network") + 1] == "none"
+    assert argv[argv.index("--pids-limit") + 1] == "64"
+    assert "/var/tmp/in:/floe:ro" in argv
+    assert argv[-2:] == [image, "/floe/eval.sh"]
+
+
+def test_docker_grader_writes_conda_script_and_uses_the_instance_image(tmp_path: Path) -> None:
+    # A docker binary that records its argv and prints what the script would: the argv and job input are ours.
+    from contracts import Outcome
+    from scorer.grader import Grader
+
+    fake = tmp_path / "docker"
+    record = tmp_path / "argv.txt"
+    fake.write_text(
+        f'#!/bin/sh\necho "$@" > {record}\ncat "$(echo "$@" | sed "s/.* -v \\([^:]*\\):.*/\\1/")/eval.sh"\n'
+    )
+    fake.chmod(0o755)
+    grader = Grader(DockerSandbox(docker=str(fake)), None, tmp_path / "work", Limits(wall_s=10))
+    task = TaskSet.bundled().get("floe__seqtools-1")
+    res = grader.grade(task, task.patch)
+    argv = record.read_text()
+    assert "swebench/sweb.eval.x86_64.floe_1776_seqtools-1:latest /floe/eval.sh" in argv
+    assert "--network none" in argv
+    # the script was printed, not run: the sandbox-up marker echo is there but no test ran
+    assert "conda activate testbed" in res.log_tail
+    assert res.outcome is Outcome.ERROR or res.outcome is Outcome.UNRESOLVED
