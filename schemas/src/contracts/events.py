@@ -387,6 +387,7 @@ class WeightsPublished(Event):
     uri: str
     step: int = Field(ge=0)
     base_model: str = Field(default="policy", description="policy name; the compacted topic keeps the latest per name")
+    batch_id: str | None = Field(default=None, description="the TrajectoryBatch this version was trained on")
     metrics: dict[str, float] = Field(default_factory=dict)
     published_at: int = Field(default_factory=now_ms)
 

@@ -53,6 +53,7 @@ class LearnerState:
     applied_batches: list[str] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
     base_model: str = ""
+    trained_batch: str | None = None  # the batch that produced ``version`` (None for the base model)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True)
@@ -66,6 +67,7 @@ class LearnerState:
             applied_batches=[str(b) for b in raw["applied_batches"]],
             metrics={str(k): float(v) for k, v in raw.get("metrics", {}).items()},
             base_model=str(raw.get("base_model", "")),
+            trained_batch=raw.get("trained_batch"),
         )
 
 

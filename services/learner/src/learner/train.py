@@ -243,6 +243,7 @@ class Learner:
         }
         self.state.version += 1
         self.state.step += 1
+        self.state.trained_batch = batch_id
         self.state.metrics = metrics
         self._record(batch_id)
         log.info("train step done", batch_id=batch_id, step=self.state.step, version=self.version, **metrics)
@@ -293,6 +294,7 @@ class Learner:
             uri=str(self.last_checkpoint.resolve()),
             step=self.state.step,
             base_model=self.settings.policy_name,
+            batch_id=self.state.trained_batch,
             metrics={k: v for k, v in self.state.metrics.items() if math.isfinite(v)},
         )
 
