@@ -282,7 +282,9 @@ class ModelCallRecorded(Event):
     completion_logprobs: list[float]
     finish_reason: FinishReason
     prefix_extends_previous: bool | None = Field(
-        default=None, description="canonical mode: does this prompt start with the previous call's prompt?"
+        default=None,
+        description="does this prompt start with the previous call's prompt + sampled completion (the property the "
+        "trainer needs)? Always true for exact-mode calls that extend a chain; canonical mode reports its breaks",
     )
     request: dict[str, Any] = Field(default_factory=dict, description="canonical request, within a size cap")
     request_truncated: bool = False

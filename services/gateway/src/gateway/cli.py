@@ -1,0 +1,63 @@
+"""``floe gateway …`` subcommands.
+
+    floe gateway serve                      run the gateway (settings from FLOE_GATEWAY_* and FLOE_KAFKA_*)
+    floe gateway session-token ID [--url U] mint a session on a running gateway (needs FLOE_GATEWAY_CONTROL_TOKEN)
+
+``python -m gateway`` is ``floe gateway serve``. Session *runs* live in ``floe session …`` (``gateway.sessions``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+__all__ = ["main", "serve"]
+
+
+def serve() -> int:
+    import uvicorn
+
+    from eventbus import configure_logging
+    from gateway.app import create_app
+    from gateway.settings import GatewaySettings
+
+    configure_logging("gateway")
+    settings = GatewaySettings()
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="floe gateway", description="the floe model-API gateway")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("serve", help="run the gateway")
+    tok = sub.add_parser("session-token", help="create a session on a running gateway and print its credentials")
+    tok.add_argument("session_id")
+    tok.add_argument("--url", default=None, help="gateway URL (default: http://{host}:{port} from settings)")
+    tok.add_argument("--tokenization", choices=["exact", "canonical"], default=None)
+    tok.add_argument("--model", default="floe-policy")
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        return serve()
+    import httpx
+
+    from gateway.settings import GatewaySettings
+
+    settings = GatewaySettings()
+    if settings.control_token is None:
+        print("set FLOE_GATEWAY_CONTROL_TOKEN to the gateway's control token", file=sys.stderr)
+        return 2
+    body = {"session_id": args.session_id, "model": args.model}
+    if args.tokenization:
+        body["tokenization"] = args.tokenization
+    r = httpx.post(
+        (args.url or settings.base_url()) + "/admin/sessions",
+        json=body,
+        headers={"authorization": f"Bearer {settings.control_token.get_secret_value()}"},
+    )
+    if r.status_code != 200:
+        print(f"gateway answered {r.status_code}: {r.text}", file=sys.stderr)
+        return 1
+    print(json.dumps(r.json(), indent=2))
+    return 0

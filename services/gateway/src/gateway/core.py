@@ -1,0 +1,487 @@
+"""The one pipeline every provider route runs: admit, clean, tokenize, stream from the engine, record.
+
+A route does ``turn = Turn(...)``; ``await turn.start()`` (every error before the first token surfaces here, so
+it can still become a proper HTTP status); ``async for ev in turn.events()`` (typed canonical events as the engine
+samples them); then renders ``turn.result`` as its terminal event.
+
+Flush, then record: ``events()`` yields every content event first, then hands the record to Kafka and waits for
+the ack, and only then returns, so the route sends its *terminal* event (Chat ``finish_reason`` chunk + ``[DONE]``,
+Anthropic ``message_delta``/``message_stop``, Responses ``response.completed``, Google's ``finishReason`` chunk,
+or the whole non-streaming JSON body) after the record is durable. If Kafka does not ack, ``events()`` raises
+``RecordUnavailable``: a non-streaming client gets a 503 + retry-after instead of the answer; a streaming client
+has seen the content deltas but gets the provider's in-stream error event and no terminal event, so it discards
+the partial turn and retries — no turn the harness commits to is missing from the log. A client that leaves
+mid-stream is not recorded (it never received the turn).
+
+Training hygiene happens here: volatile text (Claude Code's billing header line) is removed, the session's
+sampling policy overrides the harness's values (which are recorded), ``max_tokens`` is clamped to the context left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import structlog
+
+from contracts import CallTimings, ModelCallRecorded, Protocol, TokenizationMode, now_ms
+from gateway.canonical import (
+    CanonicalRequest,
+    Message,
+    ReasoningDelta,
+    TextDelta,
+    ToolCall,
+    ToolCallDelta,
+    TurnEvent,
+    TurnResult,
+    Usage,
+    new_call_id,
+)
+from gateway.errors import ContextOverflow, Paused, UpstreamError
+from gateway.metrics import GatewayMetrics
+from gateway.output_parser import OutputParser
+from gateway.recorder import Recorder
+from gateway.registry import ChainEntry, Session
+from gateway.settings import GatewaySettings
+from gateway.tokenization import ExactPlanner, tools_key
+from gateway.upstream import EngineChunk, EngineClient
+
+__all__ = ["Admission", "Gateway", "Turn"]
+
+log = structlog.get_logger()
+
+
+_MEMORY_AGENT = "You are now acting as the managed memory extraction subagent"
+
+
+class Admission:
+    """Pause/drain for weight syncs: ``pause`` stops admitting calls and waits for in-flight ones."""
+
+    def __init__(self, retry_after_s: float) -> None:
+        self.paused = False
+        self.inflight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._retry_after_s = retry_after_s
+
+    def enter(self) -> None:
+        if self.paused:
+            raise Paused("gateway paused for a weight update; retry shortly", retry_after=self._retry_after_s)
+        self.inflight += 1
+        self._idle.clear()
+
+    def leave(self) -> None:
+        self.inflight -= 1
+        if self.inflight <= 0:
+            self.inflight = 0
+            self._idle.set()
+
+    async def pause(self, timeout_s: float) -> bool:
+        """True when every in-flight call finished within ``timeout_s`` (the gateway stays paused either way)."""
+        self.paused = True
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+            return True
+        except TimeoutError:
+            return False
+
+    def resume(self) -> None:
+        self.paused = False
+
+
+@dataclass
+class Gateway:
+    """Everything a turn needs, built once in the app's lifespan."""
+
+    settings: GatewaySettings
+    engine: EngineClient
+    recorder: Recorder
+    metrics: GatewayMetrics
+    admission: Admission
+    planner: ExactPlanner = field(init=False)
+    volatile: list[re.Pattern[str]] = field(init=False)
+    delta_encoding: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.delta_encoding = self.settings.delta_encoding
+        self.planner = ExactPlanner(self.engine)
+        self.volatile = [re.compile(p) for p in self.settings.volatile_patterns]
+
+
+def _clean(req: CanonicalRequest, patterns: list[re.Pattern[str]], changes: list[str]) -> CanonicalRequest:
+    if not patterns:
+        return req
+    msgs: list[Message] = []
+    for m in req.messages:
+        content = m.content
+        if m.role == "system":
+            for p in patterns:
+                content, n = p.subn("", content)
+                if n:
+                    changes.append(f"removed_volatile:{p.pattern[:40]}")
+        msgs.append(replace(m, content=content) if content != m.content else m)
+    msgs = [m for m in msgs if not (m.role == "system" and not m.content.strip())]
+    return replace(req, messages=msgs)
+
+
+def _effective_sampling(
+    session: Session, req: CanonicalRequest, s: GatewaySettings, changes: list[str]
+) -> dict[str, Any]:
+    asked = req.sampling
+    policy = session.sampling
+    eff: dict[str, Any] = {}
+    for name in ("temperature", "top_p", "top_k", "seed"):
+        forced = getattr(policy, name)
+        mine = asked.get(name)
+        if forced is not None:
+            eff[name] = forced
+            if mine is not None and mine != forced:
+                changes.append(f"{name}:{mine}->{forced}")
+        elif mine is not None:
+            eff[name] = mine
+    max_tokens = asked.get("max_tokens") or s.default_max_tokens
+    for bound in (policy.max_tokens, s.max_tokens_cap):
+        if bound is not None and max_tokens > bound:
+            changes.append(f"max_tokens:{max_tokens}->{bound}")
+            max_tokens = bound
+    eff["max_tokens"] = max_tokens
+    if asked.get("stop"):
+        eff["stop"] = list(asked["stop"])
+    return eff
+
+
+class Turn:
+    def __init__(self, gw: Gateway, session: Session, req: CanonicalRequest, protocol: Protocol) -> None:
+        self.gw = gw
+        self.session = session
+        self.req = req
+        self.protocol = protocol
+        self.call_id = new_call_id()
+        self.result = TurnResult(call_id=self.call_id, model=req.model, created=int(time.time()))
+        self.changes: list[str] = []
+        self._t0 = time.perf_counter()
+        self._started_at = now_ms()
+        self._admitted = False
+        self._upstream: AsyncIterator[tuple[str, EngineChunk]] | None = None
+        self._first: tuple[str, EngineChunk] | None = None
+        self._prompt_ids: list[int] = []
+        self._plan_parent: ChainEntry | None = None
+        self._plan_note = ""
+        self._sampling: dict[str, Any] = {}
+        self._queue_ms = 0.0
+        self._ttft_ms = 0.0
+        self._engine_url = ""
+        self._closed = False
+
+    # ------------------------------------------------------------------------------------------- start
+
+    async def start(self) -> None:
+        gw = self.gw
+        gw.recorder.admit()
+        gw.admission.enter()
+        self._admitted = True
+        gw.metrics.inflight.inc()
+        try:
+            await self._prepare()
+            assert self._upstream is not None
+            try:
+                self._first = await self._upstream.__anext__()
+            except StopAsyncIteration as exc:
+                raise UpstreamError("engine closed the stream without an answer") from exc
+        except BaseException:
+            await self.aclose(status="error")
+            raise
+
+    async def _prepare(self) -> None:
+        gw, s, req = self.gw, self.gw.settings, self.req
+        req = self.req = _clean(req, gw.volatile, self.changes)
+        if req.side_call is None and any(
+            m.role == "system" and m.content.startswith(_MEMORY_AGENT) for m in req.messages
+        ):
+            req.side_call = "memory"  # Qwen Code's background memory extraction (harnesses.md §5.3)
+        self._sampling = _effective_sampling(self.session, req, s, self.changes)
+        engine_messages = [m.to_engine() for m in req.messages]
+        tools = [t.to_engine() for t in req.tools]
+        kw = {"enable_thinking": req.thinking} if req.thinking is not None else None
+        sid = self.session.session_id
+        if self.session.tokenization is TokenizationMode.EXACT:
+            plan = await gw.planner.plan(self.session, req, engine_messages, tools, kw)
+            prompt, mml = plan.prompt_ids, plan.max_model_len
+            self._plan_parent, self._plan_note = plan.extends, plan.note
+            gw.metrics.exact_chain.labels(result=plan.note).inc()
+            if plan.extends is None:
+                self.changes.append(f"exact:new_chain:{plan.note}")
+        else:
+            await gw.engine.model(sid)
+            mml = gw.engine.max_model_len or None
+            # The engine reports the prompt ids it rendered; pre-tokenize only when the prompt might not leave room
+            # for max_tokens. Bound: a byte-level BPE token covers >= 1 byte, plus a few template tokens per message.
+            bound = len(json.dumps([engine_messages, tools]).encode()) + 16 * (len(engine_messages) + len(tools) + 4)
+            prompt = []
+            if mml is None or bound + self._sampling["max_tokens"] > mml:
+                tok = await gw.engine.tokenize_chat(
+                    sid, engine_messages, tools, add_generation_prompt=True, chat_template_kwargs=kw
+                )
+                prompt, mml = tok.tokens, tok.max_model_len
+        self._prompt_ids = prompt
+        if mml is not None:
+            room = mml - len(prompt)
+            if room < 1:
+                raise ContextOverflow(len(prompt), mml)
+            if self._sampling["max_tokens"] > room:
+                self.changes.append(f"max_tokens:{self._sampling['max_tokens']}->{room}:context")
+                self._sampling["max_tokens"] = room
+        body: dict[str, Any] = {"model": await gw.engine.model(sid), **self._sampling, "return_token_ids": True}
+        if self.session.tokenization is TokenizationMode.EXACT:
+            body.update(prompt=prompt, logprobs=1)
+            path = "/v1/completions"
+        else:
+            body.update(messages=engine_messages, logprobs=True, top_logprobs=0)
+            if tools:
+                body["tools"] = tools
+            if kw:
+                body["chat_template_kwargs"] = kw
+            path = "/v1/chat/completions"
+        self._queue_ms = (time.perf_counter() - self._t0) * 1000
+        self._upstream = gw.engine.stream(sid, path, body, prompt_len=len(prompt)).__aiter__()
+
+    # ------------------------------------------------------------------------------------------- events
+
+    async def events(self) -> AsyncIterator[TurnEvent]:
+        """Content events as the engine samples; records (durably) before returning."""
+        assert self._first is not None, "start() first"
+        parser = OutputParser()
+        ids: list[int] = []
+        lps: list[float] = []
+        finish: str | None = None
+        stop_reason: Any = None
+        version: int | None = None
+        engine_prompt: list[int] | None = None
+        text_parts: list[str] = []
+        reasoning_parts: list[str] = []
+        ok = False
+        try:
+            pending: tuple[str, EngineChunk] | None = self._first
+            upstream = self._upstream
+            assert upstream is not None
+            while True:
+                if pending is None:
+                    try:
+                        pending = await upstream.__anext__()
+                    except StopAsyncIteration:
+                        break
+                url, chunk = pending
+                pending = None
+                self._engine_url = url
+                if chunk.token_ids and not ids:
+                    self._ttft_ms = (time.perf_counter() - self._t0) * 1000
+                    self.gw.metrics.ttft.labels(protocol=self.protocol.value).observe(self._ttft_ms / 1000)
+                ids.extend(chunk.token_ids)
+                lps.extend(chunk.logprobs)
+                version = chunk.weight_version if chunk.weight_version is not None else version
+                engine_prompt = chunk.prompt_token_ids or engine_prompt
+                finish = chunk.finish_reason or finish
+                stop_reason = chunk.stop_reason if chunk.stop_reason is not None else stop_reason
+                for ev in self._engine_parsed(chunk):
+                    self._collect(ev, text_parts, reasoning_parts)
+                    yield ev
+                for ev in parser.feed(chunk.text):
+                    if isinstance(ev, ToolCallDelta):
+                        ev = ToolCallDelta(len(self.result.tool_calls), ev.call)
+                    self._collect(ev, text_parts, reasoning_parts)
+                    yield ev
+            for ev in parser.finish():
+                if isinstance(ev, ToolCallDelta):
+                    ev = ToolCallDelta(len(self.result.tool_calls), ev.call)
+                self._collect(ev, text_parts, reasoning_parts)
+                yield ev
+            if parser.parse_failures:
+                self.gw.metrics.parse_failures.inc(parser.parse_failures)
+                self.changes.append(f"tool_call_parse_failures:{parser.parse_failures}")
+            if self.session.tokenization is TokenizationMode.CANONICAL:
+                if engine_prompt is None:
+                    raise UpstreamError("engine did not return prompt_token_ids; is return_token_ids supported?")
+                self._prompt_ids = engine_prompt  # what the engine actually conditioned on
+            elif engine_prompt is not None and engine_prompt != self._prompt_ids:
+                raise UpstreamError("engine reports a prompt different from the token ids sent")
+            self.result.text = "".join(text_parts)
+            self.result.reasoning = "".join(reasoning_parts)
+            self.result.finish_reason = self._finish(finish, stop_reason)
+            self.result.usage = Usage(len(self._prompt_ids), len(ids))
+            await self._record(ids, lps, version)
+            ok = True
+        except GeneratorExit:
+            self.gw.metrics.client_disconnects.inc()
+            raise
+        except asyncio.CancelledError:
+            self.gw.metrics.client_disconnects.inc()
+            raise
+        finally:
+            await self.aclose(status="ok" if ok else "error")
+
+    def _engine_parsed(self, chunk: EngineChunk) -> list[TurnEvent]:
+        """Reasoning and tool calls the engine parsed itself (canonical mode, an engine with a parser)."""
+        out: list[TurnEvent] = []
+        if chunk.reasoning:
+            out.append(ReasoningDelta(chunk.reasoning))
+        for tc in chunk.tool_calls:
+            fn = tc.get("function") or {}
+            if not isinstance(fn.get("name"), str):
+                raise UpstreamError("engine sent a tool call without a name")
+            args = fn.get("arguments") or "{}"
+            call = ToolCall(
+                str(tc.get("id") or f"call_{new_call_id()}"),
+                fn["name"],
+                args if isinstance(args, str) else json.dumps(args),
+            )
+            out.append(
+                ToolCallDelta(len(self.result.tool_calls) + sum(isinstance(e, ToolCallDelta) for e in out), call)
+            )
+        return out
+
+    def _collect(self, ev: TurnEvent, text: list[str], reasoning: list[str]) -> None:
+        if isinstance(ev, TextDelta):
+            text.append(ev.text)
+        elif isinstance(ev, ReasoningDelta):
+            reasoning.append(ev.text)
+        elif isinstance(ev, ToolCallDelta):
+            self.result.tool_calls.append(ev.call)
+
+    def _finish(self, finish: str | None, stop_reason: Any) -> Any:
+        if finish == "length":
+            return "length"
+        if finish in ("abort", "error"):
+            return finish
+        if self.result.tool_calls:
+            return "tool_calls"
+        if isinstance(stop_reason, str) and stop_reason:
+            return "stop_sequence"
+        return "stop"
+
+    # ------------------------------------------------------------------------------------------- record
+
+    async def _record(self, ids: list[int], lps: list[float], version: int | None) -> None:
+        gw, session = self.gw, self.session
+        prompt = self._prompt_ids
+        async with session.lock:
+            call_index = session.next_call_index
+            prefix_idx: int | None = None
+            prefix_len = 0
+            if gw.delta_encoding:
+                for entry in reversed(session.chain):
+                    seq = entry.sequence
+                    n = _common_prefix(seq, prompt)
+                    if n > prefix_len:
+                        prefix_idx, prefix_len = entry.call_index, n
+            extends: bool | None = None
+            if session.tokenization is TokenizationMode.CANONICAL:
+                prev = session.chain[-1] if session.chain else None
+                extends = prev is not None and prompt[: len(prev.sequence)] == prev.sequence
+                if prev is not None and not extends:
+                    gw.metrics.prefix_breaks.inc()
+            request, truncated = _capped_request(self.req, gw.settings.record_request_max_bytes)
+            record = ModelCallRecorded(
+                session_id=session.session_id,
+                call_index=call_index,
+                call_id=self.call_id,
+                protocol=self.protocol,
+                tokenization=session.tokenization,
+                model=self.req.model,
+                engine_id=self._engine_url,
+                weight_version=version or 0,
+                prompt_token_ids=prompt[prefix_len:],
+                prefix_call_index=prefix_idx if prefix_len else None,
+                prefix_len=prefix_len,
+                prompt_len=len(prompt),
+                completion_token_ids=ids,
+                completion_logprobs=lps,
+                finish_reason=self.result.finish_reason,
+                prefix_extends_previous=extends,
+                request=request,
+                request_truncated=truncated,
+                sampling=self._sampling,
+                gateway_changes=self.changes,
+                timings=CallTimings(
+                    **{
+                        "queue_ms": self._queue_ms,
+                        "ttft_ms": self._ttft_ms,
+                        "total_ms": (time.perf_counter() - self._t0) * 1000,
+                    }
+                ),
+                started_at=self._started_at,
+            )
+            await gw.recorder.send(record)
+            session.next_call_index += 1
+            session.calls_ok += 1
+            session.chain.append(
+                ChainEntry(
+                    call_index=call_index,
+                    messages=list(self.req.messages),
+                    tools_key=tools_key(self.req),
+                    reply=self.result.as_message(),
+                    prompt_ids=prompt,
+                    completion_ids=ids,
+                    finish_reason=self.result.finish_reason,
+                )
+            )
+            del session.chain[: -gw.settings.exact_history]
+        gw.metrics.tokens.labels(kind="prompt").inc(len(prompt))
+        gw.metrics.tokens.labels(kind="completion").inc(len(ids))
+        log.info(
+            "call_recorded",
+            session_id=session.session_id,
+            turn=call_index,
+            prompt_len=len(prompt),
+            completion_len=len(ids),
+            prefix_len=prefix_len,
+            policy_version=version or 0,
+        )
+
+    async def aclose(self, *, status: str) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._upstream is not None:
+            closer = getattr(self._upstream, "aclose", None)
+            if closer is not None:
+                try:
+                    await closer()
+                except Exception:  # closing a half-read upstream must not mask the real outcome
+                    log.warning("upstream_close_failed", session_id=self.session.session_id)
+        if status != "ok":
+            self.session.calls_failed += 1
+        m = self.gw.metrics
+        m.calls.labels(protocol=self.protocol.value, status=status).inc()
+        m.duration.labels(protocol=self.protocol.value).observe(time.perf_counter() - self._t0)
+        if self._admitted:
+            self._admitted = False
+            m.inflight.dec()
+            self.gw.admission.leave()
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def _capped_request(req: CanonicalRequest, cap: int) -> tuple[dict[str, Any], bool]:
+    full = req.to_record()
+    if len(json.dumps(full, ensure_ascii=False)) <= cap:
+        return full, False
+    # Keep the shape, shorten the text: tools by name only, then each message's content to a share of the cap.
+    full["tools"] = [t.name for t in req.tools]
+    per = max(256, cap // max(1, 2 * len(full["messages"])))
+    for m in full["messages"]:
+        if isinstance(m.get("content"), str) and len(m["content"]) > per:
+            m["content"] = m["content"][:per] + "…"
+    while len(json.dumps(full, ensure_ascii=False)) > cap and len(full["messages"]) > 1:
+        full["messages"].pop(0)
+    return full, True

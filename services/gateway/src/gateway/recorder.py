@@ -1,0 +1,70 @@
+"""Hands ``ModelCallRecorded`` events to Kafka and applies backpressure.
+
+``send`` returns only after the broker acked the record (``eventbus.Producer.send`` is durable, acks=all). A
+failure or timeout becomes ``RecordUnavailable`` (a 503 with retry-after for the harness); when more than
+``max_pending`` records wait for acks, new calls are refused at admission with the same error, so a slow broker
+slows harnesses down instead of losing training data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Protocol
+
+import structlog
+
+from contracts import MODEL_CALLS, ModelCallRecorded, encode
+from gateway.errors import RecordUnavailable
+from gateway.metrics import GatewayMetrics
+
+__all__ = ["EventSink", "Recorder"]
+
+log = structlog.get_logger()
+
+
+class EventSink(Protocol):
+    """What the recorder needs of ``eventbus.Producer``."""
+
+    async def send(self, topic: Any, event: Any) -> Any: ...
+
+
+class Recorder:
+    def __init__(
+        self,
+        sink: EventSink,
+        *,
+        topic_name: str,
+        metrics: GatewayMetrics,
+        max_pending: int,
+        timeout_s: float,
+        retry_after_s: float,
+    ) -> None:
+        self._sink = sink
+        self.topic = MODEL_CALLS.with_name(topic_name)
+        self._metrics = metrics
+        self._max_pending = max_pending
+        self._timeout_s = timeout_s
+        self._retry_after_s = retry_after_s
+        self.pending = 0
+
+    def admit(self) -> None:
+        if self.pending >= self._max_pending:
+            raise RecordUnavailable(
+                f"{self.pending} records wait for Kafka; retry later", retry_after=self._retry_after_s
+            )
+
+    async def send(self, record: ModelCallRecorded) -> None:
+        self.pending += 1
+        self._metrics.records_pending.set(self.pending)
+        try:
+            await asyncio.wait_for(self._sink.send(self.topic, record), self._timeout_s)
+        except Exception as exc:  # the boundary: whatever the producer raised, the record is not durable
+            self._metrics.record_failures.inc()
+            log.error("record_failed", session_id=record.session_id, turn=record.call_index, error=repr(exc))
+            raise RecordUnavailable(
+                "the call could not be recorded durably; retry", retry_after=self._retry_after_s
+            ) from exc
+        finally:
+            self.pending -= 1
+            self._metrics.records_pending.set(self.pending)
+        self._metrics.record_bytes.inc(len(encode(record)))

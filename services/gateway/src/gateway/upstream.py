@@ -1,0 +1,325 @@
+"""Client of the floe inference engine (vLLM's OpenAI-compatible, token-level API), with session-affine routing.
+
+Endpoints used (field names as in vLLM's ``entrypoints/openai/protocol.py``):
+
+- ``POST /v1/chat/completions`` (canonical mode) with ``return_token_ids``, ``logprobs``, ``top_logprobs=0``,
+  ``stream=true`` and ``stream_options.include_usage``. The first chunk carries top-level ``prompt_token_ids``;
+  each chunk carries ``choices[0].token_ids`` and ``choices[0].logprobs.content[].logprob`` for its tokens.
+- ``POST /v1/completions`` (exact mode) with ``prompt`` = a list of token ids; chunks carry ``choices[0].text``,
+  ``choices[0].token_ids`` and ``choices[0].logprobs.token_logprobs`` (or the chat-style ``content`` list).
+- ``POST /tokenize`` (messages + tools, ``add_generation_prompt``) -> ``tokens``, ``max_model_len``;
+  ``POST /detokenize``; ``GET /v1/models``.
+- The serving weight version comes from a ``weight_version`` field of any chunk or the ``x-floe-weight-version``
+  response header.
+
+The gateway always streams from the engine, even for a non-streaming client: one code path, a measured TTFT.
+
+Routing: a consistent-hash ring (64 virtual nodes per replica) maps ``session_id`` to a replica so a session's
+calls hit the same prefix cache; a replica that refuses a connection is skipped for ``engine_unhealthy_s`` and the
+session fails over to the next replica on the ring. Failover happens only before any byte of an answer was read.
+
+Errors of httpx are mapped once, in ``map_httpx_errors`` (style #7).
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import hashlib
+import json
+import re
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import structlog
+
+from gateway.errors import ContextOverflow, InvalidRequest, UpstreamError, UpstreamUnavailable
+
+__all__ = ["EngineChunk", "EngineClient", "HashRing", "Tokenized", "map_httpx_errors"]
+
+log = structlog.get_logger()
+
+_OVERFLOW_MARKERS = ("maximum context length", "context length", "too long", "max_model_len")
+
+
+class HashRing:
+    """Consistent hashing of session ids onto replica URLs."""
+
+    def __init__(self, nodes: list[str], vnodes: int = 64) -> None:
+        if not nodes:
+            raise ValueError("at least one engine URL is needed")
+        self.nodes = list(dict.fromkeys(n.rstrip("/") for n in nodes))
+        points = [(self._h(f"{n}#{i}"), n) for n in self.nodes for i in range(vnodes)]
+        points.sort()
+        self._keys = [p[0] for p in points]
+        self._vals = [p[1] for p in points]
+
+    @staticmethod
+    def _h(s: str) -> int:
+        return int.from_bytes(hashlib.blake2b(s.encode(), digest_size=8).digest(), "big")
+
+    def order(self, key: str) -> list[str]:
+        """Replicas in preference order for ``key``: its owner first, then the next distinct ones on the ring."""
+        start = bisect.bisect(self._keys, self._h(key)) % len(self._keys)
+        out: list[str] = []
+        for i in range(len(self._keys)):
+            node = self._vals[(start + i) % len(self._keys)]
+            if node not in out:
+                out.append(node)
+                if len(out) == len(self.nodes):
+                    break
+        return out
+
+
+@contextlib.contextmanager
+def map_httpx_errors(url: str) -> Iterator[None]:
+    try:
+        yield
+    except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+        raise UpstreamUnavailable(f"engine {url} unreachable") from exc
+    except httpx.TimeoutException as exc:
+        raise UpstreamError(f"engine {url} timed out") from exc
+    except httpx.HTTPError as exc:
+        raise UpstreamError(f"engine {url} transport error: {type(exc).__name__}") from exc
+
+
+@dataclass
+class EngineChunk:
+    """Tokens the engine sampled since the previous chunk (``token_ids`` and ``logprobs`` aligned)."""
+
+    text: str = ""
+    reasoning: str = ""
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: Any = None
+    prompt_token_ids: list[int] | None = None
+    weight_version: int | None = None
+    usage: dict[str, int] | None = None
+
+
+@dataclass(frozen=True)
+class Tokenized:
+    tokens: list[int]
+    max_model_len: int | None
+
+
+def _logprobs_of(choice: dict[str, Any]) -> list[float]:
+    lp = choice.get("logprobs")
+    if not lp:
+        return []
+    if isinstance(lp, dict) and isinstance(lp.get("content"), list):
+        return [float(e["logprob"]) for e in lp["content"]]
+    if isinstance(lp, dict) and isinstance(lp.get("token_logprobs"), list):
+        return [float(x) for x in lp["token_logprobs"]]
+    raise UpstreamError("engine returned logprobs in an unknown shape")
+
+
+def _parse_chunk(data: dict[str, Any], header_version: int | None) -> EngineChunk:
+    if "error" in data and not data.get("choices"):
+        err = data["error"]
+        msg = err.get("message", str(err)) if isinstance(err, dict) else str(err)
+        raise UpstreamError(f"engine stream error: {msg}")
+    chunk = EngineChunk(weight_version=header_version)
+    if data.get("weight_version") is not None:
+        chunk.weight_version = int(data["weight_version"])
+    if data.get("prompt_token_ids") is not None:
+        chunk.prompt_token_ids = [int(t) for t in data["prompt_token_ids"]]
+    if data.get("usage"):
+        chunk.usage = {k: int(v) for k, v in data["usage"].items() if isinstance(v, int)}
+    choices = data.get("choices") or []
+    if choices:
+        c = choices[0]
+        delta = c.get("delta")
+        if isinstance(delta, dict):
+            chunk.text = delta.get("content") or ""
+            chunk.reasoning = delta.get("reasoning_content") or delta.get("reasoning") or ""
+            chunk.tool_calls = [t for t in delta.get("tool_calls") or [] if isinstance(t, dict)]
+        else:
+            chunk.text = c.get("text") or ""
+        if c.get("prompt_token_ids") is not None and chunk.prompt_token_ids is None:
+            chunk.prompt_token_ids = [int(t) for t in c["prompt_token_ids"]]
+        chunk.token_ids = [int(t) for t in (c.get("token_ids") or [])]
+        chunk.logprobs = _logprobs_of(c)
+        if len(chunk.logprobs) != len(chunk.token_ids):
+            raise UpstreamError(
+                f"engine chunk has {len(chunk.token_ids)} token ids but {len(chunk.logprobs)} logprobs; "
+                "is return_token_ids supported?"
+            )
+        chunk.finish_reason = c.get("finish_reason")
+        chunk.stop_reason = c.get("stop_reason")
+    return chunk
+
+
+def _raise_for_engine_status(url: str, status: int, body: bytes, prompt_len: int | None) -> None:
+    text = body.decode(errors="replace")[:2000]
+    try:
+        payload = json.loads(text)
+        msg = payload.get("error", {}).get("message") or payload.get("message") or payload.get("detail") or text
+    except (ValueError, AttributeError):
+        msg = text
+    msg = str(msg)
+    if status == 400 and any(m in msg.lower() for m in _OVERFLOW_MARKERS):
+        raise ContextOverflow(prompt_len or 0, _max_len_from(msg))
+    if status in (400, 422):
+        raise InvalidRequest(f"engine rejected the request: {msg}")
+    if status in (502, 503, 504):
+        raise UpstreamUnavailable(f"engine {url} unavailable ({status})")
+    raise UpstreamError(f"engine {url} answered {status}: {msg[:300]}")
+
+
+def _max_len_from(msg: str) -> int:
+    m = re.search(r"maximum context length is (\d+)", msg) or re.search(r"max_model_len[^\d]*(\d+)", msg)
+    return int(m.group(1)) if m else 0
+
+
+class EngineClient:
+    """One shared ``httpx.AsyncClient`` over all replicas; ``stream_*`` methods are async generators."""
+
+    def __init__(
+        self,
+        urls: list[str],
+        *,
+        model: str | None,
+        timeout_s: float,
+        connect_timeout_s: float,
+        unhealthy_s: float,
+    ) -> None:
+        self.ring = HashRing(urls)
+        self._model = model
+        self.max_model_len: int | None = None
+        self._unhealthy_s = unhealthy_s
+        self._down_until: dict[str, float] = {}
+        self._client = httpx.AsyncClient(
+            timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s),
+            limits=httpx.Limits(max_connections=512, max_keepalive_connections=128),
+        )
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    def replicas(self, session_id: str) -> list[str]:
+        order = self.ring.order(session_id)
+        now = time.monotonic()
+        healthy = [u for u in order if self._down_until.get(u, 0.0) <= now]
+        return healthy or order
+
+    def _mark_down(self, url: str) -> None:
+        self._down_until[url] = time.monotonic() + self._unhealthy_s
+        log.warning("engine_replica_down", engine=url, skip_s=self._unhealthy_s)
+
+    async def model(self, session_id: str) -> str:
+        if self._model is None or self.max_model_len is None:
+            data = await self._get_json(session_id, "/v1/models")
+            first = data["data"][0]
+            self._model = self._model or str(first["id"])
+            mml = first.get("max_model_len")
+            self.max_model_len = int(mml) if isinstance(mml, int) else 0  # 0: unknown, learn it from /tokenize
+        return self._model
+
+    async def _get_json(self, session_id: str, path: str) -> dict[str, Any]:
+        last: Exception | None = None
+        for url in self.replicas(session_id):
+            try:
+                with map_httpx_errors(url):
+                    r = await self._client.get(url + path)
+            except UpstreamUnavailable as exc:
+                self._mark_down(url)
+                last = exc
+                continue
+            if r.status_code != 200:
+                _raise_for_engine_status(url, r.status_code, r.content, None)
+            return dict(r.json())
+        raise last or UpstreamUnavailable("no engine replica")
+
+    async def _post_json(self, session_id: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        last: Exception | None = None
+        for url in self.replicas(session_id):
+            try:
+                with map_httpx_errors(url):
+                    r = await self._client.post(url + path, json=body)
+            except UpstreamUnavailable as exc:
+                self._mark_down(url)
+                last = exc
+                continue
+            if r.status_code != 200:
+                _raise_for_engine_status(url, r.status_code, r.content, None)
+            return dict(r.json())
+        raise last or UpstreamUnavailable("no engine replica")
+
+    async def tokenize_chat(
+        self,
+        session_id: str,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        *,
+        add_generation_prompt: bool,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> Tokenized:
+        body: dict[str, Any] = {
+            "model": await self.model(session_id),
+            "messages": messages,
+            "add_generation_prompt": add_generation_prompt,
+        }
+        if tools:
+            body["tools"] = tools
+        if chat_template_kwargs:
+            body["chat_template_kwargs"] = chat_template_kwargs
+        data = await self._post_json(session_id, "/tokenize", body)
+        mml = data.get("max_model_len")
+        if mml:
+            self.max_model_len = int(mml)
+        return Tokenized([int(t) for t in data["tokens"]], int(mml) if mml else None)
+
+    async def detokenize(self, session_id: str, tokens: list[int]) -> str:
+        data = await self._post_json(
+            session_id, "/detokenize", {"model": await self.model(session_id), "tokens": tokens}
+        )
+        return str(data["prompt"])
+
+    async def stream(
+        self, session_id: str, path: str, body: dict[str, Any], *, prompt_len: int | None = None
+    ) -> AsyncIterator[tuple[str, EngineChunk]]:
+        """POST ``body`` to ``path`` with ``stream=true`` and yield ``(engine_url, chunk)`` per SSE event.
+
+        Failover to the next replica only while no answer byte has been read."""
+        body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+        last: Exception | None = None
+        for url in self.replicas(session_id):
+            try:
+                with map_httpx_errors(url):
+                    req = self._client.build_request("POST", url + path, json=body)
+                    resp = await self._client.send(req, stream=True)
+            except UpstreamUnavailable as exc:
+                self._mark_down(url)
+                last = exc
+                continue
+            try:
+                if resp.status_code != 200:
+                    content = await resp.aread()
+                    _raise_for_engine_status(url, resp.status_code, content, prompt_len)
+                hv = resp.headers.get("x-floe-weight-version")
+                header_version = int(hv) if hv and hv.isdigit() else None
+                with map_httpx_errors(url):
+                    lines = resp.aiter_lines()
+                    # closed on break too, not left to the GC finalizer (httpx types it as a plain AsyncIterator)
+                    async with contextlib.aclosing(lines):  # type: ignore[type-var]
+                        async for line in lines:
+                            if not line.startswith("data:"):
+                                continue
+                            payload = line[5:].strip()
+                            if payload == "[DONE]":
+                                break
+                            try:
+                                data = json.loads(payload)
+                            except json.JSONDecodeError as exc:
+                                raise UpstreamError("engine sent a non-JSON SSE data line") from exc
+                            yield url, _parse_chunk(data, header_version)
+                return
+            finally:
+                await resp.aclose()
+        raise last or UpstreamUnavailable("no engine replica")
