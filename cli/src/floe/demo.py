@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -34,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from contracts import TOPICS, TRAJECTORY_BATCHES, WEIGHTS, Topic, TrajectoryBatch, WeightsPublished, read_ipc
-from eventbus import Consumer, EventBusError, KafkaSettings, ensure_topics_sync
+from eventbus import Consumer, EventBusError, KafkaSettings, Message, ensure_topics_sync
 from eventbus.broker import BrokerError, LocalBroker, free_port
 from floe.home import state_home
 from floe.report import StepRecord, summarize, write_report
@@ -290,6 +291,27 @@ class Demo:
 
     # ------------------------------------------------------------------------------------------------- watch
 
+    def _check(self, deadline: float, done: int) -> None:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"only {done} of {self.cfg.steps} steps after {self.cfg.timeout_s:.0f}s")
+        assert self.stack is not None
+        dead = self.stack.dead()
+        if dead:
+            raise StackError(f"service(s) died: {', '.join(dead)}\n{self.stack.tail(dead[0])}")
+
+    def _record(self, step: int, event: WeightsPublished, stats: dict[str, float]) -> StepRecord:
+        return StepRecord(
+            step=step,
+            version=event.version,
+            sessions=int(stats["sessions"]),
+            reward_mean=stats["reward_mean"],
+            reward_std=stats["reward_std"],
+            resolved_fraction=stats["resolved"],
+            trainable_tokens=int(stats["trainable"]),
+            loss=event.metrics.get("loss"),
+            elapsed_s=time.monotonic() - self.started,
+        )
+
     async def watch(self) -> list[StepRecord]:
         """Follow batches and weight versions until ``steps`` versions are published; one line per step."""
         from tqdm import tqdm
@@ -301,45 +323,48 @@ class Demo:
         bar = tqdm(total=cfg.steps, desc="GRPO steps", unit="step", file=sys.stderr, dynamic_ncols=True)
         topics: list[Topic[Any]] = [TRAJECTORY_BATCHES, WEIGHTS]
         async with Consumer(self.kafka, topics, group_id=f"demo-{os.getpid()}") as consumer:
-            it = consumer.__aiter__()
-            while len(steps) < cfg.steps:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"only {len(steps)} of {cfg.steps} steps after {cfg.timeout_s:.0f}s")
-                assert self.stack is not None
-                dead = self.stack.dead()
-                if dead:
-                    raise StackError(f"service(s) died: {', '.join(dead)}\n{self.stack.tail(dead[0])}")
-                try:
-                    msg = await asyncio.wait_for(it.__anext__(), timeout=1.0)
-                except TimeoutError:
-                    continue
-                event = msg.event
-                if isinstance(event, TrajectoryBatch):
-                    batches[event.batch_id] = _batch_stats(event)
-                elif isinstance(event, WeightsPublished) and event.batch_id in batches and event.version > len(steps):
-                    stats = batches.pop(event.batch_id)
-                    record = StepRecord(
-                        step=len(steps) + 1,
-                        version=event.version,
-                        sessions=int(stats["sessions"]),
-                        reward_mean=stats["reward_mean"],
-                        reward_std=stats["reward_std"],
-                        resolved_fraction=stats["resolved"],
-                        trainable_tokens=int(stats["trainable"]),
-                        loss=event.metrics.get("loss"),
-                        elapsed_s=time.monotonic() - self.started,
-                    )
-                    steps.append(record)
-                    bar.update(1)
-                    bar.write(
-                        f"step {record.step:3d}  v{record.version:<3d} sessions {record.sessions:3d}  "
-                        f"reward {record.reward_mean:.3f} ± {record.reward_std:.3f}  "
-                        f"solved {100 * record.resolved_fraction:5.1f}%  trainable {record.trainable_tokens:5d}  "
-                        f"loss {record.loss if record.loss is not None else float('nan'):+.4f}"
-                    )
-                    await consumer.commit(msg)
+            # A pump task feeds a queue, so the loop can wake up every second to check deadlines and dead services
+            # without cancelling the consumer's iterator.
+            queue: asyncio.Queue[Message[Any]] = asyncio.Queue()
+
+            async def pump() -> None:
+                async for msg in consumer:
+                    await queue.put(msg)
+
+            pumping = asyncio.create_task(pump())
+            try:
+                while len(steps) < cfg.steps:
+                    self._check(deadline, len(steps))
+                    if pumping.done():
+                        pumping.result()  # re-raise what stopped the consumer
+                        raise EventBusError("the demo's consumer stopped")
+                    try:
+                        msg = await asyncio.wait_for(queue.get(), timeout=1.0)
+                    except TimeoutError:
+                        continue
+                    event = msg.event
+                    if isinstance(event, TrajectoryBatch):
+                        batches[event.batch_id] = _batch_stats(event)
+                    elif isinstance(event, WeightsPublished) and event.batch_id in batches:
+                        record = self._record(len(steps) + 1, event, batches.pop(event.batch_id))
+                        steps.append(record)
+                        bar.update(1)
+                        bar.write(_status_line(record))
+            finally:
+                pumping.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await pumping
         bar.close()
         return steps
+
+
+def _status_line(r: StepRecord) -> str:
+    loss = f"{r.loss:+.4f}" if r.loss is not None else "n/a"
+    return (
+        f"step {r.step:3d}  v{r.version:<3d} sessions {r.sessions:3d}  reward {r.reward_mean:.3f} ± {r.reward_std:.3f}"
+        f"  solved {100 * r.resolved_fraction:5.1f}%  trainable {r.trainable_tokens:5d}  loss {loss}  "
+        f"t={r.elapsed_s:.0f}s"
+    )
 
 
 def _batch_stats(batch: TrajectoryBatch) -> dict[str, float]:

@@ -321,6 +321,7 @@ def create_app(
         _gw(request).admission.resume()
         return {"paused": False}
 
+    @app.get("/health")  # the name every other floe service uses
     @app.get("/healthz")
     async def healthz(request: Request) -> dict[str, Any]:
         gw = _gw(request)
