@@ -24,11 +24,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hashlib
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -46,12 +49,12 @@ __all__ = ["DemoConfig", "add_parser", "run"]
 
 @dataclass
 class DemoConfig:
-    steps: int = 16
+    steps: int = 20
     workload: str = "toy"
     harness: str = "toy"
     group_size: int = 8
     groups_per_step: int = 2
-    lr: float = 1e-2
+    lr: float = 2e-2
     max_tokens: int = 8
     temperature: float = 1.0
     max_off_policy_steps: int = 2
@@ -118,45 +121,71 @@ def run(args: argparse.Namespace) -> int:
 
 
 class Demo:
-    def __init__(self, cfg: DemoConfig) -> None:
+    def __init__(self, cfg: DemoConfig, env_overrides: dict[str, dict[str, str]] | None = None) -> None:
         self.cfg = cfg
+        self.env_overrides = env_overrides or {}  # service name -> extra env (tests: shorter deadlines, …)
         self.run_dir = cfg.run_dir
         self.broker = LocalBroker.at(self.run_dir / "kafka")
         self.ports = {name: free_port() for name in ("inference", "gateway", "rollout", "dashboard")}
         self.kafka = KafkaSettings()
         self.stack: Stack | None = None
         self.started = time.monotonic()
+        # Sandboxed harnesses and graders run as unprivileged uids that must traverse their work directories, and a
+        # run directory may sit under a private (0700) parent such as pytest's tmp_path: keep those two elsewhere.
+        self.sandbox_root = (
+            Path(tempfile.gettempdir()) / f"floe-run-{hashlib.sha1(str(cfg.run_dir).encode()).hexdigest()[:10]}"
+        )
 
     def say(self, msg: str) -> None:
         print(f"[{time.monotonic() - self.started:6.1f}s] {msg}", flush=True)
 
-    def run(self) -> int:
+    def _sandbox_dirs(self) -> None:
+        self.sandbox_root.mkdir(mode=0o755, parents=True, exist_ok=True)
+        self.sandbox_root.chmod(0o755)
+
+    def up(self) -> None:
+        """Start the broker, create the topics and the model, start every service and wait until each is ready.
+        Tests call this, then drive ``self.stack`` (kill -9, restart) and ``restart_broker``; ``down`` undoes it."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.say(f"run directory {self.run_dir}")
+        address = self.broker.start(free_port(), free_port(), owner_pid=os.getpid())
+        self.kafka = KafkaSettings(bootstrap_servers=address)
+        self.say(f"kafka ready at {address}")
+        ensure_topics_sync(self.kafka, TOPICS)
+        self.init_model()
+        self._sandbox_dirs()
+        self.stack = Stack(self.run_dir, base_env=self.base_env())
+        for spec in self.services():
+            self.stack.start(spec)
+            self.say(f"{spec.name} up")
+        if self.cfg.dashboard:
+            self.say(f"dashboard: http://127.0.0.1:{self.ports['dashboard']}/")
+
+    def restart_broker(self) -> None:
+        """Stop the broker (SIGTERM, then SIGKILL after a deadline) and start it again on the same ports and data."""
+        self.broker.stop()
+        address = self.broker.start(owner_pid=os.getpid())
+        assert address == self.kafka.bootstrap_servers, f"broker came back on {address}"
+
+    def down(self) -> None:
+        if self.stack is not None:
+            self.stack.stop_all()
+            self.say("services stopped")
+        self.broker.stop()
+        shutil.rmtree(self.sandbox_root, ignore_errors=True)
+
+    def run(self) -> int:
         try:
-            address = self.broker.start(free_port(), free_port(), owner_pid=os.getpid())
+            self.up()
+            steps = asyncio.run(self.watch())
         except BrokerError as exc:
             print(f"floe demo: Kafka did not start: {exc}", file=sys.stderr)
             return 1
-        self.kafka = KafkaSettings(bootstrap_servers=address)
-        self.say(f"kafka ready at {address}")
-        try:
-            ensure_topics_sync(self.kafka, TOPICS)
-            self.init_model()
-            with Stack(self.run_dir, base_env=self.base_env()) as stack:
-                self.stack = stack
-                for spec in self.services():
-                    stack.start(spec)
-                    self.say(f"{spec.name} up")
-                if self.cfg.dashboard:
-                    self.say(f"dashboard: http://127.0.0.1:{self.ports['dashboard']}/")
-                steps = asyncio.run(self.watch())
-            self.say("services stopped")
         except (StackError, EventBusError, subprocess.CalledProcessError, TimeoutError) as exc:
             print(f"floe demo failed: {exc}\nlogs: {self.run_dir / 'logs'}", file=sys.stderr)
             return 1
         finally:
-            self.broker.stop()
+            self.down()
         out = write_report(self.run_dir / "report", steps, self.config_dict())
         summary = summarize(steps)
         self.say(
@@ -232,7 +261,7 @@ class Demo:
                     "FLOE_GATEWAY_PORT": str(ports["gateway"]),
                     "FLOE_GATEWAY_ENGINE_URLS": json.dumps([f"http://127.0.0.1:{ports['inference']}"]),
                     "FLOE_GATEWAY_RUN_SESSIONS": "true",
-                    "FLOE_GATEWAY_SESSIONS_WORK_ROOT": str(run / "sessions"),
+                    "FLOE_GATEWAY_SESSIONS_WORK_ROOT": str(self.sandbox_root / "sessions"),
                     "FLOE_GATEWAY_SESSIONS_NODE_ID": "demo-node-1",
                     "FLOE_GATEWAY_SESSIONS_MAX_RUNNING": "4",
                     "FLOE_GATEWAY_SESSIONS_MAX_PREPARING": "4",
@@ -242,7 +271,7 @@ class Demo:
             ServiceSpec(
                 "scorer",
                 python_module("scorer"),
-                {"FLOE_SCORER_WORK_DIR": str(run / "scorer")},
+                {"FLOE_SCORER_WORK_DIR": str(self.sandbox_root / "scorer")},
             ),
             ServiceSpec(
                 "learner",
@@ -277,6 +306,10 @@ class Demo:
                 },
                 ready_url=f"http://127.0.0.1:{ports['rollout']}/health",
             ),
+        ]
+        specs = [
+            ServiceSpec(sp.name, sp.argv, {**sp.env, **self.env_overrides.get(sp.name, {})}, sp.ready_url)
+            for sp in specs
         ]
         if self.cfg.dashboard:
             specs.append(
