@@ -14,7 +14,7 @@ import os
 import sys
 from collections.abc import Callable
 
-__all__ = ["DELEGATES", "SERVICES", "add_parser", "delegate"]
+__all__ = ["ALIASES", "DELEGATES", "SERVICES", "add_parser", "delegate", "resolve_alias"]
 
 SERVICES = ("gateway", "rollout", "scorer", "learner", "inference", "dashboard")
 # `floe <name> …` -> module whose main(argv) handles the rest of the command line.
@@ -29,6 +29,19 @@ DELEGATES = {
     "session": "gateway.sessions.cli",
     "score": "scorer.cli",
 }
+
+# Commands that read better at the top level but belong to a service: argv prefix -> (delegate, argv it gets instead).
+ALIASES: dict[tuple[str, ...], tuple[str, list[str]]] = {
+    ("replay", "rebuild"): ("rollout", ["replay-rebuild"]),
+    ("export",): ("rollout", ["export"]),
+}
+
+
+def resolve_alias(argv: list[str]) -> tuple[str, list[str]] | None:
+    for prefix, (name, replacement) in ALIASES.items():
+        if tuple(argv[: len(prefix)]) == prefix:
+            return name, [*replacement, *argv[len(prefix) :]]
+    return None
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -49,7 +49,6 @@ from contracts import (
     Event,
     SessionCancelRequested,
     SessionFinished,
-    SessionRequested,
     SessionStateChanged,
     Topic,
     TrajectoryBatch,
@@ -161,6 +160,7 @@ class RolloutService:
             min_usable_fraction=settings.min_usable_fraction,
             grace_sessions=settings.grace_sessions,
             group_deadline_s=settings.group_deadline_s,
+            cancel_grace_s=settings.cancel_grace_s,
         )
         self.specs = run_specs(settings.runs) if settings.schedule else []
         self.ready = asyncio.Event()
@@ -295,8 +295,8 @@ class RolloutService:
         if self.scheduler is None:
             return
         for event in self.scheduler.tick(int(time.time() * 1000)):
-            topic = self.topics.requested if isinstance(event, SessionRequested) else self.topics.cancel
-            await producer.send(topic, event)
+            # Requests, cancels, and the ends of cancelled sessions whose node never answered (see the scheduler).
+            await producer.send(self.topics.for_event(event), event)
 
     def _update_depths(self) -> None:
         in_flight = len(self.scheduler.groups) if self.scheduler else 0

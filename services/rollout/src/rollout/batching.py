@@ -1,0 +1,113 @@
+"""Turn finished groups into ``TrajectoryBatch`` events: Arrow IPC inline, or a claim check above a size limit.
+
+- The Arrow stream uses ``contracts.arrow.TRAJECTORY_SCHEMA`` as is, with IPC buffer compression (zstd by default;
+  the Kafka topic itself is not compressed again, kafka.md §3.2).
+- A stream larger than ``inline_max_bytes`` is written to ``claim_url`` (a directory, or any fsspec URL) under a
+  content-addressed name ``<batch_id>-<sha256[:16]>.arrow``: the file is written completely (temporary name, then
+  rename) *before* the event that names it is produced, so an aborted transaction leaves at most an orphan file,
+  never a dangling reference (kafka.md §3.3). The event carries ``uri`` and the full ``sha256``.
+- ``batch_id`` is derived from the builder and the batch's group ids, so rebuilding the same groups after a crash
+  yields the same id, and the same bytes (``created_at`` is the latest ``finished_at`` of the batch's sessions, not
+  the wall clock).
+
+Limits: a claim-check file is never deleted here (retention is the storage's job); remote fsspec backends need their
+own package installed (``s3fs``, ``gcsfs``...).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import fsspec
+import pyarrow as pa
+
+from contracts import TRAJECTORY_SCHEMA, TrajectoryBatch, read_ipc, to_ipc
+from rollout.groups import GroupResult
+from rollout.trace import ReconstructionStats
+
+__all__ = ["BatchEncoder", "batch_id_for", "load_batch_table"]
+
+
+def batch_id_for(builder: str, group_ids: Sequence[str]) -> str:
+    digest = hashlib.sha256("\n".join([builder, *sorted(group_ids)]).encode()).hexdigest()
+    return f"b-{digest[:16]}"
+
+
+@dataclass(frozen=True)
+class BatchEncoder:
+    builder: str
+    inline_max_bytes: int = 900 * 1024
+    claim_url: str = ".floe/batches"
+    compression: str | None = "zstd"
+
+    def encode(
+        self, groups: Sequence[GroupResult], step: int, extra_metrics: dict[str, float] | None = None
+    ) -> TrajectoryBatch:
+        if not groups:
+            raise ValueError("a batch needs at least one group")
+        rows = [row for g in groups for row in g.rows]
+        table = pa.Table.from_pylist(rows, schema=TRAJECTORY_SCHEMA)
+        data = to_ipc(table, compression=self.compression)
+        versions = [g.weight_versions() for g in groups]
+        batch_id = batch_id_for(self.builder, [g.group_id for g in groups])
+        common: dict[str, Any] = {
+            "batch_id": batch_id,
+            "step": step,
+            "num_rows": table.num_rows,
+            "num_groups": len(groups),
+            "num_sessions": sum(len(g.sessions) for g in groups),
+            "builder": self.builder,
+            "min_weight_version": min(v[0] for v in versions),
+            "max_weight_version": max(v[1] for v in versions),
+            "size_bytes": len(data),
+            "metrics": {**batch_metrics(groups), **(extra_metrics or {})},
+            "created_at": max(g.finished_at for g in groups),
+        }
+        if len(data) <= self.inline_max_bytes:
+            return TrajectoryBatch(arrow_ipc=data, **common)
+        sha = hashlib.sha256(data).hexdigest()
+        uri = self._store(f"{batch_id}-{sha[:16]}.arrow", data)
+        return TrajectoryBatch(uri=uri, sha256=sha, **common)
+
+    def _store(self, name: str, data: bytes) -> str:
+        fs, root = fsspec.core.url_to_fs(self.claim_url)
+        fs.makedirs(root, exist_ok=True)
+        path = f"{root.rstrip('/')}/{name}"
+        if not (fs.exists(path) and fs.size(path) == len(data)):
+            tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+            with fs.open(tmp, "wb") as fh:
+                fh.write(data)
+            fs.mv(tmp, path)
+        protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+        return path if protocol in ("file", "local") else f"{protocol}://{path}"
+
+
+def batch_metrics(groups: Sequence[GroupResult]) -> dict[str, float]:
+    stats = ReconstructionStats()
+    masked = trainable = 0
+    for g in groups:
+        stats.add(g.stats)
+        for s in g.sessions:
+            trainable += s.trainable
+            masked += not s.trainable
+    out = {f"reconstruction.{k}": float(v) for k, v in stats.as_dict().items()}
+    out["sessions.trainable"] = float(trainable)
+    out["sessions.masked"] = float(masked)
+    out["groups.zero_signal"] = float(sum(g.zero_signal for g in groups))
+    return out
+
+
+def load_batch_table(batch: TrajectoryBatch) -> pa.Table:
+    """The batch's Arrow table, inline or fetched from its claim check (checksum verified)."""
+    if batch.arrow_ipc is not None:
+        return read_ipc(batch.arrow_ipc)
+    assert batch.uri is not None and batch.sha256 is not None
+    with fsspec.open(batch.uri, "rb") as fh:
+        data = fh.read()
+    if hashlib.sha256(data).hexdigest() != batch.sha256:
+        raise ValueError(f"claim-check file {batch.uri} does not match its sha256")
+    return read_ipc(data)

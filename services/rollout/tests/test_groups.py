@@ -1,0 +1,112 @@
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from contracts import Event, ModelCallRecorded, Outcome, SessionState
+from rollout.groups import GroupAssembler
+from rollout.simulate import SessionPlan, simulate_group
+
+
+def _feed(assembler: GroupAssembler, events: list[Event]) -> None:
+    for event in events:
+        assembler.add(event)
+
+
+def test_group_waits_for_every_session_then_builds_aligned_rows() -> None:
+    events = simulate_group(
+        "g1", [SessionPlan(reward=1.0), SessionPlan(reward=0.0), SessionPlan(reward=0.0)], random.Random(0)
+    )
+    a = GroupAssembler()
+    last_reward = events.pop()  # the third session's reward has not arrived yet
+    _feed(a, events)
+    assert a.ready_groups() == []
+    a.add(last_reward)
+    assert a.ready_groups() == ["g1"]
+    result = a.take("g1")
+    assert [s.session_id for s in result.sessions] == ["g1-s0", "g1-s1", "g1-s2"]
+    by_session = {s.session_id: s for s in result.sessions}
+    assert by_session["g1-s0"].rows[0]["advantage"] > 0 > by_session["g1-s1"].rows[0]["advantage"]
+    for s in result.sessions:
+        advantages = {row["advantage"] for row in s.rows}
+        assert len(advantages) == 1  # every trace of a session shares its advantage
+        assert (
+            sum(row["session_weight"] for row in s.rows) == 1.0
+            or abs(sum(r["session_weight"] for r in s.rows) - 1) < 1e-9
+        )
+    # Late duplicates of an emitted group are ignored.
+    _feed(a, events)
+    assert a.ready_groups() == [] and a.pending_sessions() == 0
+
+
+def test_failures_are_masked_but_kept_and_agent_timeouts_train() -> None:
+    plans = [
+        SessionPlan(reward=1.0),
+        SessionPlan(status=SessionState.TIMEOUT, agent_timed_out=True, reward=1.0),
+        SessionPlan(status=SessionState.FAILED, reward=0.0, outcome=Outcome.ERROR),
+        SessionPlan(reward=0.0, outcome=Outcome.ERROR),
+    ]
+    a = GroupAssembler(advantage="loo")
+    _feed(a, simulate_group("g2", plans, random.Random(1)))
+    result = a.take(a.ready_groups()[0])
+    s0, s1, s2, s3 = result.sessions
+    assert s0.trainable and s1.trainable and not s2.trainable and not s3.trainable
+    assert s1.rows[0]["reward"] == 0.0 and s1.rows[0]["advantage"] < 0
+    for masked in (s2, s3):
+        for row in masked.rows:
+            assert not any(row["loss_mask"]) and row["advantage"] == 0.0 and row["masked_reason"]
+            assert set(row["weight_versions"]) <= {-1}
+    assert result.trainable_sessions == 2
+
+
+def test_missing_calls_hold_the_group_until_expired_then_mask() -> None:
+    a = GroupAssembler()
+    _feed(a, simulate_group("g3", [SessionPlan(), SessionPlan(lose_calls=1, turns=3)], random.Random(2)))
+    assert a.ready_groups() == []
+    assert a.incomplete_sessions() == ["g3-s1"]
+    a.expire("g3-s1")
+    result = a.take(a.ready_groups()[0])
+    lossy = result.sessions[1]
+    assert not lossy.trainable and lossy.rows[0]["masked_reason"].startswith("calls_missing")
+    assert result.zero_signal  # one trainable session left
+
+
+def test_unknown_group_size_is_released_only_when_forced() -> None:
+    events = [
+        e
+        for e in simulate_group("g4", [SessionPlan(), SessionPlan(reward=0.0)], random.Random(3))
+        if type(e).__name__ != "SessionRequested"
+    ]
+    a = GroupAssembler()
+    _feed(a, events)
+    assert a.ready_groups() == []
+    assert a.ready_groups(force=True) == ["g4"]
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), shuffle_seed=st.integers(0, 10_000))
+def test_rows_do_not_depend_on_event_order_or_redelivery(seed: int, shuffle_seed: int) -> None:
+    plans = [SessionPlan(turns=3, reward=float(i % 2)) for i in range(4)]
+    events = simulate_group("g5", plans, random.Random(seed))
+    a, b = GroupAssembler(), GroupAssembler()
+    _feed(a, events)
+    shuffled = events + [e for e in events if isinstance(e, ModelCallRecorded)]  # redelivered calls
+    random.Random(shuffle_seed).shuffle(shuffled)
+    _feed(b, shuffled)
+    assert a.ready_groups() == b.ready_groups() == ["g5"]
+    assert a.take("g5").rows == b.take("g5").rows
+
+
+def test_eval_groups_are_marked_eval() -> None:
+    from contracts import SessionKind, SessionRequested
+
+    events = simulate_group("g6", [SessionPlan(), SessionPlan(reward=0.0)], random.Random(4))
+    events = [e.model_copy(update={"kind": SessionKind.EVAL}) if isinstance(e, SessionRequested) else e for e in events]
+    a = GroupAssembler()
+    _feed(a, events)
+    assert a.take("g6").kind == "eval"
+    b = GroupAssembler()
+    _feed(b, simulate_group("g7", [SessionPlan(), SessionPlan(reward=0.0)], random.Random(4)))
+    assert b.take("g7").kind == "train"

@@ -1,0 +1,72 @@
+"""The scheduler after crashes: state rebuilt from topics read in any order, sessions whose node died."""
+
+from __future__ import annotations
+
+from contracts import SessionCancelRequested, SessionFinished, SessionRequested, SessionState
+from rollout.scheduler import RunSpec, Scheduler, SchedulerConfig
+
+T0 = 1_700_000_000_000
+
+
+def _finish(req: SessionRequested) -> SessionFinished:
+    return SessionFinished(
+        session_id=req.session_id,
+        group_id=req.group_id,
+        task_id=req.task_id,
+        harness=req.harness,
+        node_id="n",
+        status=SessionState.DONE,
+        calls=1,
+    )
+
+
+def test_rebuild_with_ends_read_before_their_requests_frees_the_groups() -> None:
+    live = Scheduler(SchedulerConfig(max_groups_in_flight=2), [RunSpec("train", ("t1", "t2"), group_size=2)])
+    reqs = [e for e in live.tick(T0) if isinstance(e, SessionRequested)]
+    assert len(reqs) == 4
+    # A restarted rollout reads sessions.finished before sessions.requested: every group already ended.
+    rebuilt = Scheduler(SchedulerConfig(max_groups_in_flight=2), [RunSpec("train", ("t1", "t2"), group_size=2)])
+    for req in reqs:
+        rebuilt.observe(_finish(req))
+    for req in reqs:
+        rebuilt.observe(req)
+    assert rebuilt.groups == {}
+    fresh = [e for e in rebuilt.tick(T0 + 1) if isinstance(e, SessionRequested)]
+    assert len(fresh) == 4 and not {r.group_id for r in fresh} & {r.group_id for r in reqs}
+
+
+def test_cancelled_sessions_that_never_end_are_closed_after_the_grace_and_free_the_slot() -> None:
+    cfg = SchedulerConfig(group_deadline_s=30, cancel_grace_s=20, max_groups_in_flight=1)
+    s = Scheduler(cfg, [RunSpec("train", ("t1",), group_size=2, harness="toy", task_source="toy")])
+    reqs = [e for e in s.tick(T0) if isinstance(e, SessionRequested)]
+    s.observe(_finish(reqs[0]))  # the other session ran on a node that was killed: no end, ever
+    cancels = [e for e in s.tick(T0 + 30_000) if isinstance(e, SessionCancelRequested)]
+    assert [c.session_id for c in cancels] == [reqs[1].session_id]
+    assert s.tick(T0 + 45_000) == []  # within the grace: the node may still answer
+    closed = s.tick(T0 + 50_000)
+    assert len(closed) == 1 and isinstance(closed[0], SessionFinished)
+    end = closed[0]
+    assert (end.session_id, end.group_id, end.status) == (reqs[1].session_id, reqs[1].group_id, SessionState.CANCELLED)
+    assert (end.task_id, end.harness, end.task_source) == (reqs[1].task_id, "toy", "toy")
+    assert s.tick(T0 + 51_000) == []  # closed once, even before our own end comes back from the topic
+    s.observe(end)
+    assert s.groups == {} and s.counters["closed_unanswered"] == 1
+    assert [e for e in s.tick(T0 + 52_000) if isinstance(e, SessionRequested)]  # the slot is free again
+
+
+def test_a_rebuilt_scheduler_closes_from_the_cancel_time_on_the_topic() -> None:
+    cfg = SchedulerConfig(group_deadline_s=30, cancel_grace_s=20, max_groups_in_flight=1)
+    run = RunSpec("train", ("t1",), group_size=1)
+    first = Scheduler(cfg, [run])
+    reqs = [e for e in first.tick(T0) if isinstance(e, SessionRequested)]
+    cancels = first.tick(T0 + 30_000)
+    rebuilt = Scheduler(cfg, [run])
+    for event in [*cancels, *reqs]:  # cancel read before the request
+        rebuilt.observe(event)
+    for event in reqs:
+        rebuilt.observe(event)
+    # The cancel read before its request was not attached; the deadline cancels again, and the grace runs from then.
+    again = rebuilt.tick(T0 + 31_000)
+    assert [type(e).__name__ for e in again] == ["SessionCancelRequested"]
+    closed = rebuilt.tick(T0 + 51_000)
+    assert [type(e).__name__ for e in closed] == ["SessionFinished"]
