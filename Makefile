@@ -5,7 +5,8 @@ SHELL := /bin/bash
 
 UV := $(shell command -v uv 2>/dev/null || echo $(HOME)/.local/bin/uv)
 PY := .venv/bin/python
-export FLOE_CACHE ?= $(HOME)/.cache/floe
+# Harness CLIs go to /var/cache/floe/harnesses as root (sandbox uids cannot traverse /root), else ~/.cache/floe;
+# FLOE_CACHE or FLOE_HARNESS_HOME override it (deploy/harnesses/install.sh and the session runner agree on this).
 SRC := schemas/src libs/eventbus/src libs/tasks/src cli/src services/inference/src services/gateway/src \
        services/scorer/src services/rollout/src services/learner/src services/dashboard/src
 PYTEST_ARGS ?=
@@ -31,7 +32,7 @@ test-deps:  ## what only the tests need on top (headless Chromium for the dashbo
 kafka-jars:  ## Apache Kafka broker jars from Maven Central into deploy/kafka/lib
 	@bash deploy/kafka/kafka.sh jars
 
-harnesses:  ## harness CLIs from npm/PyPI into $(FLOE_CACHE)/harnesses
+harnesses:  ## harness CLIs from npm/PyPI into the harness cache (see deploy/harnesses/install.sh)
 	@if [ -f deploy/harnesses/install.sh ]; then bash deploy/harnesses/install.sh; fi
 
 bootstrap: deps system-deps kafka-jars harnesses  ## everything the tests and the demo need
