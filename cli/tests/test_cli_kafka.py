@@ -1,4 +1,4 @@
-"""floe against real brokers: `kafka up/status/down` lifecycle (its own broker), `topics`, `replay`, `demo`."""
+"""floe against real brokers: `kafka up/status/down` lifecycle (its own broker), `topics`, `replay`."""
 
 from __future__ import annotations
 
@@ -70,7 +70,9 @@ def test_kafka_up_status_down_is_idempotent_and_leaves_no_process(
         assert rc == 0 and out.strip() == f"127.0.0.1:{port}" and "already running" in err
         rc, out, _ = floe_in_process("kafka", "status")
         assert rc == 0 and f"pid={pid}" in out
-        rc, out, err = floe_in_process("demo")
+        rc, out, err = floe_in_process("topics", "create")
+        assert rc == 0, err
+        rc, out, err = floe_in_process("topics", "describe")
         assert rc == 0, err
         for topic in TOPICS:
             assert topic.name in out
