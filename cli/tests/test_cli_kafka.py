@@ -52,10 +52,10 @@ def test_kafka_up_status_down_is_idempotent_and_leaves_no_process(
     port = free_port()
 
     def floe_in_process(*args: str) -> tuple[int, str, str]:
-        capsys.readouterr()
-        rc = main(["--state-dir", home, *args])
-        out, err = capsys.readouterr()
-        return rc, out, err
+        # A subprocess too: the broker's owner watchdog and signal handlers are per process, and this test's broker
+        # must not be tied to the pytest process that also owns the session broker of later tests.
+        proc = floe("--state-dir", home, *args)
+        return proc.returncode, proc.stdout, proc.stderr
 
     # The real console entry point, in a subprocess, for the first start.
     started = time.monotonic()

@@ -4,7 +4,10 @@
     floe topics create|list|describe    topics from the contracts registry
     floe replay --topic T [...]         decoded events as JSON lines, or re-published into another topic
     floe serve <service>                run a service (python -m <service>)
-    floe demo                           Kafka + topics (later: the whole main job)
+    floe demo                           the main job: every service over a local broker, GRPO steps, a report
+    floe replay rebuild --builder B …   rebuild trajectories from recorded calls (rollout), no live topics touched
+    floe export sft --out FILE          accepted trajectories as chat-format JSONL for supervised fine-tuning
+    floe audit                          count over the topics: lost/duplicated trajectories, batches trained twice
     floe <service> …                    that service's own commands (gateway, rollout, scorer, learner,
                                         inference, dashboard, tasks), imported only when used
 
@@ -21,7 +24,7 @@ import sys
 import threading
 
 from eventbus import configure_logging
-from floe import demo, kafka_cmd, replay_cmd, services_cmd, topics_cmd
+from floe import audit, demo, kafka_cmd, replay_cmd, services_cmd, topics_cmd
 
 __all__ = ["build_parser", "main"]
 
@@ -37,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     replay_cmd.add_parser(sub)
     services_cmd.add_parser(sub)
     demo.add_parser(sub)
+    audit.add_parser(sub)
     for name in services_cmd.DELEGATES:
         sub.add_parser(name, help=f"{name} commands (see: floe {name} --help)", add_help=False)
     return parser
@@ -71,5 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     # Service subcommands are handed over untouched: their own parser owns everything after the name.
     if argv and argv[0] in services_cmd.DELEGATES:
         return services_cmd.delegate(argv[0], argv[1:])
+    alias = services_cmd.resolve_alias(argv)
+    if alias is not None:
+        return services_cmd.delegate(*alias)
     args = build_parser().parse_args(_hoist_state_dir(argv))
     return int(args.func(args))

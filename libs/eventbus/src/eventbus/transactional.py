@@ -32,6 +32,7 @@ otherwise). Handlers must be deterministic enough that re-processing an aborted 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -117,6 +118,7 @@ class TransactionalProcessor(Generic[E]):
         self._pending: dict[tuple[str, int], int] = {}  # next offset to commit per input partition, this txn
         self._current: list[Message[E]] | None = None
         self._closed = False
+        self._abandoned: list[confluent_kafka.Producer] = []  # hung in librdkafka; kept alive, never used again
 
     # ------------------------------------------------------------------------------------------- lifecycle
 
@@ -298,9 +300,9 @@ class TransactionalProcessor(Generic[E]):
             attempts += 1
             try:
                 if offsets:
-                    producer.send_offsets_to_transaction(
-                        offsets, consumer.consumer_group_metadata(), self._op_timeout_s
-                    )
+                    if not self._send_offsets_bounded(producer, offsets, consumer.consumer_group_metadata()):
+                        self._replace_hung_producer()
+                        return False
                     offsets = []  # sent: a retry only needs to repeat the commit
                 producer.commit_transaction(self._op_timeout_s)
                 self._open = False
@@ -317,6 +319,45 @@ class TransactionalProcessor(Generic[E]):
                 self._open = False
                 mapped = map_exception(exc, f"commit transaction ({self._txn_id})")
                 raise (mapped or exc) from exc
+
+    def _send_offsets_bounded(
+        self, producer: confluent_kafka.Producer, offsets: list[TopicPartition], group_metadata: Any
+    ) -> bool:
+        """``send_offsets_to_transaction`` on a throwaway thread; False if it has not returned well past its own
+        timeout. librdkafka can block in it forever when the group coordinator went away (a broker restart:
+        confluentinc/librdkafka#5456, #5511), which would wedge the whole stage."""
+        outcome: list[BaseException | None] = []
+
+        def call() -> None:
+            try:
+                producer.send_offsets_to_transaction(offsets, group_metadata, self._op_timeout_s)
+                outcome.append(None)
+            except BaseException as exc:
+                outcome.append(exc)
+
+        worker = threading.Thread(target=call, name="floe-txn-offsets", daemon=True)
+        worker.start()
+        worker.join(self._op_timeout_s + 5.0)
+        if not outcome:
+            return False
+        if outcome[0] is not None:
+            raise outcome[0]
+        return True
+
+    def _replace_hung_producer(self) -> None:
+        """Abandon a producer stuck inside librdkafka and start a new one with the same transactional id: its
+        ``init_transactions`` fences the stuck one and aborts the open transaction, so the batch's outputs never
+        become visible; the input is rewound and comes again (``commit`` returns False)."""
+        log.warning("transactional producer hung; replacing it and retrying the batch", transactional_id=self._txn_id)
+        if self._producer is not None:
+            self._abandoned.append(self._producer)  # destroying it while a thread is inside it would crash
+        self._producer = None
+        with map_kafka_errors(f"init transactions ({self._txn_id})"):
+            producer = confluent_kafka.Producer(self._p_conf)
+            producer.init_transactions(self._op_timeout_s)
+        self._producer = producer
+        self._open = False
+        self._rewind()
 
     def _abort_sync(self, rewind: bool) -> None:
         producer = self._require_producer()

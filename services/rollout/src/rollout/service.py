@@ -181,7 +181,15 @@ class RolloutService:
         s = self.settings
         async with (
             TransactionalProcessor(
-                self.kafka, self.topics.inputs, group_id=s.group_id, transactional_id=s.instance_id, max_batch=500
+                self.kafka,
+                self.topics.inputs,
+                group_id=s.group_id,
+                transactional_id=s.instance_id,
+                max_batch=500,
+                # Static membership turns a session timeout during a broker restart into a fatal "static consumer
+                # fenced" error (seen in tests/e2e); a dynamic member just rejoins. Zombies are still fenced by the
+                # transactional id and the group generation sent with the offsets.
+                static_membership=False,
             ) as tp,
             Producer(self.kafka) as producer,
         ):
