@@ -67,6 +67,7 @@ done
 [[ "$CMD" == "start" ]] && mkdir -p "$STATE"
 if [[ -d "$STATE" ]]; then STATE="$(cd "$STATE" && pwd)"; fi
 PIDFILE="$STATE/kafka.pid"
+WATCHDOGFILE="$STATE/watchdog.pid"
 LOG="$STATE/broker.log"
 PROPS="$STATE/server.properties"
 ADDRFILE="$STATE/address"
@@ -164,6 +165,23 @@ start_watchdog() {
     for _ in $(seq 1 "$deadline"); do kill -0 "$pid" 2>/dev/null || exit 0; sleep 1; done
     kill -KILL "$pid" 2>/dev/null || true
   ' floe-kafka-watchdog "$owner" "$pid" "$PROPS" "$STOP_TIMEOUT" </dev/null >/dev/null 2>&1 &
+  echo $! >"$WATCHDOGFILE"
+}
+
+stop_watchdog() {
+  # The watchdog notices a stopped broker only at its next poll (up to 1 s later): end it now, so `stop` returns
+  # with nothing of this state dir left running.
+  [[ -f "$WATCHDOGFILE" ]] || return 0
+  local pid
+  pid="$(cat "$WATCHDOGFILE" 2>/dev/null || true)"
+  rm -f "$WATCHDOGFILE"
+  [[ "$pid" =~ ^[0-9]+$ ]] || return 0
+  [[ -r "/proc/$pid/cmdline" ]] || return 0
+  tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "floe-kafka-watchdog" || return 0
+  tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "$PROPS" || return 0
+  kill -TERM "$pid" 2>/dev/null || return 0
+  for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.05; done
+  kill -KILL "$pid" 2>/dev/null || true
 }
 
 cmd_start() {
@@ -234,6 +252,7 @@ cmd_start() {
   [[ -n "$OWNER_PID" ]] && start_watchdog "$OWNER_PID" "$pid"
   if ! wait_ready "$pid"; then
     stop_pid "$pid"
+    stop_watchdog
     rm -f "$PIDFILE"
     exit 1
   fi
@@ -298,6 +317,7 @@ cmd_stop() {
   local pid
   pid="$(live_pid)"
   if [[ -z "$pid" ]]; then
+    stop_watchdog
     rm -f "$PIDFILE"
     info "not running"
     return 0
@@ -307,6 +327,7 @@ cmd_stop() {
   else
     rm -f "$STATE/cds.jsa"
   fi
+  stop_watchdog
   rm -f "$PIDFILE"
   info "stopped (pid $pid)"
 }

@@ -95,5 +95,7 @@ def test_demo_trains_end_to_end_and_the_dashboard_shows_it(tmp_path: Path) -> No
     assert (report / "reward.png").stat().st_size > 5_000
     summary = json.loads((report / "summary.json").read_text())
     assert summary["steps"] == 3 and summary["final_version"] == 3
-    leftovers = subprocess.run(["pgrep", "-f", str(cfg.run_dir)], capture_output=True, text=True).stdout.split()
-    assert not leftovers, f"processes of the run survived: {leftovers}"
+    leftovers = subprocess.run(
+        ["pgrep", "-a", "-f", f"{cfg.run_dir}|{demo.sandbox_root}"], capture_output=True, text=True
+    ).stdout.splitlines()
+    assert not leftovers, "processes of the run survived:\n" + "\n".join(leftovers)

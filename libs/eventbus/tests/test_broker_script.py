@@ -64,3 +64,33 @@ def test_broker_stops_itself_when_its_owner_dies(tmp_path: Path) -> None:
         if owner.poll() is None:
             owner.kill()
         broker.stop()
+
+
+def _running_with(text: str) -> list[str]:
+    """Command lines of live processes that mention ``text`` (pgrep -f, but showing what matched)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmdline:
+            found.append(f"{entry.name}: {cmdline}")
+    return found
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_stop_returns_with_nothing_of_the_broker_left_running(tmp_path: Path) -> None:
+    # With an owner, start also leaves a watchdog loop behind; `stop` must end it too, not leave it to notice on its
+    # own a second later (a caller that checks for leftovers right after stop would see it).
+    state = tmp_path / "state"
+    broker = LocalBroker.at(state)
+    try:
+        broker.start(free_port(), free_port(), owner_pid=os.getpid(), ready_timeout_s=120)
+        assert any("floe-kafka-watchdog" in line for line in _running_with(str(state))), "no watchdog started"
+    finally:
+        broker.stop()
+    assert _running_with(str(state)) == []
