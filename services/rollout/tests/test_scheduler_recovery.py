@@ -70,3 +70,24 @@ def test_a_rebuilt_scheduler_closes_from_the_cancel_time_on_the_topic() -> None:
     assert [type(e).__name__ for e in again] == ["SessionCancelRequested"]
     closed = rebuilt.tick(T0 + 51_000)
     assert [type(e).__name__ for e in closed] == ["SessionFinished"]
+
+
+def test_a_group_cut_short_by_a_crash_gets_its_missing_requests_republished() -> None:
+    # The rollout died after sending 2 of a group's 4 requests: the rebuilt scheduler sends the other two, with
+    # the same ids and fields, once; the group can then complete and free its slot.
+    cfg = SchedulerConfig(max_groups_in_flight=1)
+    run = RunSpec("train", ("t1", "t2"), group_size=4, harness="toy", task_source="toy")
+    sent = [e for e in Scheduler(cfg, [run]).tick(T0) if isinstance(e, SessionRequested)]
+    assert len(sent) == 4
+    rebuilt = Scheduler(cfg, [run])
+    for req in sent[:2]:
+        rebuilt.observe(req)
+    out = rebuilt.tick(T0 + 5_000)
+    assert out == sent[2:], "exactly the missing members, identical to what was meant to be sent"
+    assert rebuilt.counters["requests_republished"] == 2
+    assert rebuilt.tick(T0 + 6_000) == [], "re-published once; the slot stays taken until the group ends"
+    for req in sent:
+        rebuilt.observe(_finish(req))
+    assert rebuilt.groups == {}
+    nxt = [e for e in rebuilt.tick(T0 + 7_000) if isinstance(e, SessionRequested)]
+    assert len(nxt) == 4 and nxt[0].task_id == "t2"

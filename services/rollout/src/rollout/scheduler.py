@@ -110,6 +110,7 @@ class _Group:
     task_id: str = ""
     task_source: str = ""
     harness: str = ""
+    template: SessionRequested | None = None  # the first request seen: how to re-publish a missing member
 
     def open_sessions(self) -> list[str]:
         return sorted(s for s, st in self.sessions.items() if st not in TERMINAL_STATES)
@@ -175,6 +176,7 @@ class Scheduler:
             size = int(req.metadata.get("group_size", "1") or 1)
             group = self.groups[req.group_id] = _Group(req.group_id, run, req.kind, size, req.requested_at)
             group.task_id, group.task_source, group.harness = req.task_id, req.task_source, req.harness
+            group.template = req
             n = int(req.metadata.get("group_index", "-1"))
             if run in self.runs and n >= 0:
                 self.admitted[run] = max(self.admitted[run], n + 1)
@@ -203,7 +205,7 @@ class Scheduler:
 
     # ------------------------------------------------------------------------------------------------- output
     def tick(self, now_ms: int) -> list[Event]:
-        out: list[Event] = []
+        out: list[Event] = self._complete_partial_groups()
         out.extend(self._cancellations(now_ms))
         while len(self.groups) < self.config.max_groups_in_flight:
             admitted = self._admit_one(now_ms)
@@ -257,6 +259,24 @@ class Scheduler:
             self._register(event)
         self.counters[f"groups_admitted_{run.kind.value}"] += 1
         return events
+
+    def _complete_partial_groups(self) -> list[Event]:
+        """Re-publish the members missing from a group of ours: the rollout died between sending a group's G
+        requests, and a group with fewer than G sessions would never complete (nor free its slot). The ids are
+        deterministic, so a member whose request did land after all is deduplicated by the node that runs it."""
+        out: list[Event] = []
+        for group in self.groups.values():
+            if len(group.sessions) >= group.size or group.template is None or group.run not in self.runs:
+                continue
+            for i in range(group.size):
+                sid = f"{group.group_id}-{i:02d}"
+                if sid in group.sessions:
+                    continue
+                req = group.template.model_copy(update={"session_id": sid})
+                self._register(req)
+                self.counters["requests_republished"] += 1
+                out.append(req)
+        return out
 
     def _cancellations(self, now_ms: int) -> list[Event]:
         out: list[Event] = []
