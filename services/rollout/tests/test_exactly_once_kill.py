@@ -148,7 +148,9 @@ async def test_kill_9_at_any_moment_neither_loses_nor_duplicates_a_batch(
             assert service.wait_for("rollout service ready", 60), "service never became ready"
             if kill % 2 == 0:
                 # Kill while a transaction that already wrote its batch to the log is still open.
-                if service.wait_for("paused before commit", 10):
+                # The rollout is a dynamic group member: its inputs are assigned only once the group drops the
+                # incarnation killed before it (session timeout, 10 s), so the first batch can take that long.
+                if service.wait_for("paused before commit", 30):
                     mid_transaction_kills += 1
             else:
                 await asyncio.sleep(rng.uniform(0.0, 1.5))

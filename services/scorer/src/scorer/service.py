@@ -208,6 +208,10 @@ class ScorerService:
             max_batch=max(1, self.workers * 2),
             transaction_timeout_s=txn_timeout,
             consumer_overrides=overrides,
+            # As in the rollout: static membership turns a session timeout during a broker restart into a fatal
+            # "static consumer fenced" error; a dynamic member rejoins (a restart costs up to one session timeout,
+            # 10 s). Zombies are still fenced by the transactional id and the group generation.
+            static_membership=False,
         ) as tp:
             log.info("scorer consuming", topic=self.inputs.name, workers=self.workers)
             async for batch in tp.batches(timeout_s=idle_timeout_s):
