@@ -103,3 +103,9 @@ def test_vllm_profile_uses_the_checked_in_serve_script() -> None:
 def test_every_service_package_has_a_compose_service() -> None:
     built = {Path(s["build"]["dockerfile"]).parent.name for s in SERVICES.values() if "build" in s}
     assert set(PACKAGES) <= built
+
+
+@pytest.mark.parametrize("name", PACKAGES)
+def test_services_restart_after_a_crash(name: str) -> None:
+    # Services are crash-only (a dead pipeline exits non-zero; state comes back from Kafka): compose must restart them.
+    assert SERVICES[name].get("restart") in {"on-failure", "unless-stopped", "always"}

@@ -28,12 +28,15 @@ EXPECTED = {
     "TransactionError",
     "TransactionalProcessor",
     "configure_logging",
+    "critical_failure",
+    "critical_task",
     "describe_topics",
     "ensure_topics",
     "ensure_topics_sync",
     "health_router",
     "list_topics",
     "map_kafka_errors",
+    "serve",
 }
 
 

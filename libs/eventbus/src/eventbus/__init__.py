@@ -3,7 +3,8 @@
 ``KafkaSettings`` (env ``FLOE_KAFKA_*``), ``configure_logging``, ``ensure_topics``, ``Producer`` (idempotent,
 acks=all, ``await send()`` returns once acked), ``Consumer`` (read_committed, manual commits, poison messages to
 the dead-letter topic), ``TransactionalProcessor`` (exactly-once consume→produce), the error tree in
-``eventbus.errors``, ``health_router`` (/health, /metrics) and metric helpers. Test fixtures: ``eventbus.testing``.
+``eventbus.errors``, ``health_router`` (/health, /metrics), metric helpers, and crash-only serving (``serve``,
+``critical_task``, ``critical_failure``). Test fixtures: ``eventbus.testing``.
 """
 
 from eventbus.admin import TopicInfo, describe_topics, ensure_topics, ensure_topics_sync, list_topics
@@ -27,6 +28,7 @@ from eventbus.errors import (
 from eventbus.health import health_router
 from eventbus.logging import configure_logging
 from eventbus.producer import Delivery, Producer
+from eventbus.serving import critical_failure, critical_task, serve
 from eventbus.settings import KafkaSettings
 from eventbus.transactional import TransactionalProcessor
 
@@ -52,10 +54,13 @@ __all__ = [
     "TransactionError",
     "TransactionalProcessor",
     "configure_logging",
+    "critical_failure",
+    "critical_task",
     "describe_topics",
     "ensure_topics",
     "ensure_topics_sync",
     "health_router",
     "list_topics",
     "map_kafka_errors",
+    "serve",
 ]

@@ -26,7 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from contracts import MODEL_CALLS, SamplingPolicy, TokenizationMode
-from eventbus import KafkaSettings, Producer, ensure_topics
+from eventbus import KafkaSettings, Producer, critical_failure, critical_task, ensure_topics
 from gateway.auth import SessionPrefixMiddleware, presented_token, provider_for_path
 from gateway.canonical import CanonicalRequest
 from gateway.core import Admission, Gateway, Turn
@@ -323,14 +323,18 @@ def create_app(
 
     @app.get("/health")  # the name every other floe service uses
     @app.get("/healthz")
-    async def healthz(request: Request) -> dict[str, Any]:
+    async def healthz(request: Request) -> JSONResponse:
         gw = _gw(request)
-        return {
-            "ok": True,
+        failure = critical_failure(request.app)
+        body: dict[str, Any] = {
+            "ok": failure is None,
             "paused": gw.admission.paused,
             "inflight": gw.admission.inflight,
             "records_pending": gw.recorder.pending,
         }
+        if failure is not None:
+            body["error"] = failure
+        return JSONResponse(body, status_code=200 if failure is None else 503)
 
     @app.get("/metrics")
     async def metrics_route() -> Response:
@@ -357,11 +361,11 @@ async def _session_node(app: FastAPI, settings: GatewaySettings, kafka: KafkaSet
         RegistryGateway(app.state.registry, f"http://127.0.0.1:{settings.port}"),
         metrics=SessionMetrics(app.state.metrics.registry),
     )
-    task = asyncio.create_task(node.run(), name="session-node")
+    # A node whose runner died would keep proxying while its sessions strand: fail the process instead.
+    task = critical_task(app, node.run(), "session node")
     log.info("session_node_started", node_id=node.settings.node_id)
     try:
         yield
     finally:
         task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await asyncio.gather(task, return_exceptions=True)  # a death was already logged by critical_task

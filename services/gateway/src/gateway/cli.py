@@ -16,16 +16,15 @@ __all__ = ["main", "serve"]
 
 
 def serve() -> int:
-    import uvicorn
-
     from eventbus import configure_logging
+    from eventbus import serve as serve_app
     from gateway.app import create_app
     from gateway.settings import GatewaySettings
 
     configure_logging("gateway")
     settings = GatewaySettings()
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning")
-    return 0
+    # Exits 1 if the session node (when this node runs sessions) dies, so a supervisor restarts it.
+    return serve_app(create_app(settings), settings.host, settings.port)
 
 
 def main(argv: list[str] | None = None) -> int:

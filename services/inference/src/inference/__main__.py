@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-import uvicorn
+import sys
 
-from eventbus import configure_logging
+from eventbus import configure_logging, serve
 from inference.app import create_app
 from inference.settings import InferenceSettings
 
 
-def main() -> None:
+def main() -> int:
     configure_logging("inference")
     settings = InferenceSettings()
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning")
+    # Exits 1 if the weight reloader dies (see eventbus.serving), so a supervisor restarts the engine.
+    return serve(create_app(settings), settings.host, settings.port)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -8,7 +8,6 @@ Every response carries ``x-floe-weight-version``; generation responses report th
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -19,7 +18,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from eventbus import KafkaSettings
+from eventbus import KafkaSettings, critical_failure, critical_task
 from inference.checkpoint import init_dev_model, load_checkpoint
 from inference.engine import Engine, EngineClosedError
 from inference.errors import APIError
@@ -74,7 +73,9 @@ def create_app(settings: InferenceSettings | None = None, *, kafka: KafkaSetting
         app.state.weights_ready = asyncio.Event()
         reloader: asyncio.Task[None] | None = None
         if settings.consume_weights:
-            reloader = asyncio.create_task(
+            # An engine that silently stopped following WeightsPublished would serve stale weights forever.
+            reloader = critical_task(
+                app,
                 run_weight_reloader(
                     engine,
                     kafka or KafkaSettings(),
@@ -83,7 +84,7 @@ def create_app(settings: InferenceSettings | None = None, *, kafka: KafkaSetting
                     group_id=settings.weights_group_id,
                     ready=app.state.weights_ready,
                 ),
-                name="weight-reloader",
+                "weight reloader",
             )
         log.info(
             "inference_ready",
@@ -97,8 +98,7 @@ def create_app(settings: InferenceSettings | None = None, *, kafka: KafkaSetting
         finally:
             if reloader is not None:
                 reloader.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await reloader
+                await asyncio.gather(reloader, return_exceptions=True)
             await asyncio.to_thread(engine.stop)
 
     app = FastAPI(title="floe inference", lifespan=lifespan)
@@ -167,15 +167,19 @@ def create_app(settings: InferenceSettings | None = None, *, kafka: KafkaSetting
         return serving(request).detokenize(body)
 
     @app.get("/health")
-    async def health(request: Request) -> dict[str, Any]:
+    async def health(request: Request) -> JSONResponse:
         engine: Engine = request.app.state.engine
         ready: asyncio.Event = request.app.state.weights_ready
-        return {
-            "status": "ok",
+        failure = critical_failure(request.app)
+        body: dict[str, Any] = {
+            "status": "ok" if failure is None else "failed",
             "weight_version": engine.version,
             "queue_depth": engine.queue_depth(),
             "weights_consumer": "ready" if ready.is_set() else ("off" if not settings.consume_weights else "starting"),
             "stats": dict(engine.stats),
         }
+        if failure is not None:
+            body["error"] = failure
+        return JSONResponse(body, status_code=200 if failure is None else 503)
 
     return app

@@ -44,5 +44,4 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from inference.__main__ import main as serve
 
-    serve()
-    return 0
+    return serve()

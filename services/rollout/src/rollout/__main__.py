@@ -1,12 +1,12 @@
-"""``python -m rollout``: run the rollout service (HTTP /state and /metrics + the Kafka pipeline)."""
+"""``python -m rollout``: run the rollout service (HTTP /state and /metrics + the Kafka pipeline).
+
+Exits 1 if the pipeline dies (see ``eventbus.serving``), so a supervisor restarts it."""
 
 from __future__ import annotations
 
 import sys
 
-import uvicorn
-
-from eventbus import KafkaSettings, configure_logging
+from eventbus import KafkaSettings, configure_logging, serve
 from rollout.app import create_app
 from rollout.settings import RolloutSettings
 
@@ -14,9 +14,7 @@ from rollout.settings import RolloutSettings
 def main() -> int:
     settings = RolloutSettings()
     configure_logging("rollout", settings.log_level)
-    app = create_app(settings, KafkaSettings())
-    uvicorn.run(app, host=settings.http_host, port=settings.http_port, log_level="warning")
-    return 0
+    return serve(create_app(settings, KafkaSettings()), settings.http_host, settings.http_port)
 
 
 if __name__ == "__main__":

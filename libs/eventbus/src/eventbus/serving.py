@@ -1,0 +1,68 @@
+"""Crash-only serving for floe's HTTP services.
+
+A service that serves HTTP in front of a background task it cannot work without (the rollout pipeline, a gateway
+node's session runner, the engine's weight reloader) must not keep answering healthily after that task died: a
+supervisor would never restart it, and the failure would only show as work that silently stopped.
+
+- ``critical_task(app, coro, name)`` starts such a task. If it dies of an exception, the exception is logged,
+  ``critical_failure(app)`` reports it (health endpoints answer 503 with it), and a server started by ``serve``
+  shuts down.
+- ``serve(app, host, port)`` runs uvicorn and returns the process exit code: 1 after a critical failure, else 0.
+  State lives in Kafka (committed offsets, transactions), so a restarted process picks up where the dead one
+  committed.
+
+In-process test servers (``uvicorn.Server`` in a thread) get the logging and the 503s but are never stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import structlog
+import uvicorn
+from fastapi import FastAPI
+
+__all__ = ["critical_failure", "critical_task", "serve"]
+
+log = structlog.get_logger()
+
+_FAILURE = "floe_critical_failure"
+_STOP = "floe_stop_server"
+
+
+def critical_task(app: FastAPI, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+    """Start ``coro`` as a task whose death by exception fails the service (cancellation is a normal stop)."""
+    task = asyncio.create_task(coro, name=name)
+
+    def done(t: asyncio.Task[Any]) -> None:
+        if t.cancelled() or t.exception() is None:
+            return
+        error = t.exception()
+        setattr(app.state, _FAILURE, f"{name}: {error!r}")
+        log.error("critical task died; the service stops", task=name, error=repr(error))
+        stop: Callable[[], None] | None = getattr(app.state, _STOP, None)
+        if stop is not None:
+            stop()
+
+    task.add_done_callback(done)
+    return task
+
+
+def critical_failure(app: FastAPI) -> str | None:
+    """``"<task>: <exception>"`` once a critical task of ``app`` died, else None."""
+    failure: str | None = getattr(app.state, _FAILURE, None)
+    return failure
+
+
+def serve(app: FastAPI, host: str, port: int, *, log_level: str = "warning") -> int:
+    """Run ``app`` until SIGINT/SIGTERM or a critical task's death; the exit code says which (0 or 1)."""
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level))
+
+    def stop() -> None:
+        server.should_exit = True
+
+    setattr(app.state, _STOP, stop)
+    server.run()
+    return 1 if critical_failure(app) is not None else 0

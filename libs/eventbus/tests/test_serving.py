@@ -1,0 +1,81 @@
+"""Crash-only serving: a dead critical task fails /health and stops the server with exit code 1; a cancelled one
+(a normal shutdown) is no failure."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+
+from eventbus import critical_failure, critical_task, serve
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _app() -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async def pipeline() -> None:
+            await asyncio.sleep(0.5)  # long enough for the test to see it healthy first
+            raise RuntimeError("pipeline broke")
+
+        task = critical_task(app, pipeline(), "pipeline")
+        yield
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    app = FastAPI(lifespan=lifespan)
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        failure = critical_failure(app)
+        return JSONResponse({"error": failure}, status_code=503 if failure else 200)
+
+    return app
+
+
+def test_a_dead_critical_task_stops_the_server_with_exit_code_1() -> None:
+    app, port = _app(), _free_port()
+    seen: list[int] = []
+
+    def poll() -> None:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as resp:
+                    seen.append(resp.status)
+            except urllib.error.HTTPError as exc:
+                seen.append(exc.code)
+            except OSError:
+                if seen:
+                    return  # the server went away
+            time.sleep(0.05)
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    code = serve(app, "127.0.0.1", port)
+    poller.join()
+    assert code == 1
+    assert critical_failure(app) == "pipeline: RuntimeError('pipeline broke')"
+    assert seen and seen[0] == 200, "healthy before the task died"
+
+
+async def test_a_cancelled_critical_task_is_not_a_failure() -> None:
+    app = FastAPI()
+    task = critical_task(app, asyncio.sleep(60), "sleeper")
+    await asyncio.sleep(0)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert critical_failure(app) is None
