@@ -109,9 +109,31 @@ def test_changed_history_starts_a_new_chain(gw) -> None:
         ],
     )
     r1, r2 = gw.sink.events
-    assert "exact:new_chain:reply_differs" in r2.gateway_changes
+    assert "exact:new_chain:reply_differs (call 0, message 1 (assistant))" in r2.gateway_changes
     # still delta-encoded against the shared prefix, and still the exact template rendering
     assert r2.prefix_call_index == 0 and 0 < r2.prefix_len <= r1.prompt_len
+
+
+def test_a_rewritten_history_is_named_after_the_closest_earlier_call(gw) -> None:
+    # Like Claude Code: a side call with other tools first (its quota/title probe), then the main conversation,
+    # which comes back with one of its own earlier messages rewritten. The reason must point at the main
+    # conversation, not at the side call that happens to be the oldest.
+    creds = gw.session("ex5", TokenizationMode.EXACT)
+    client = _client(creds)
+    client.chat.completions.create(model="m", messages=[{"role": "user", "content": "a title please"}])
+    first = [{"role": "user", "content": "one"}]
+    out = client.chat.completions.create(model="m", messages=first, tools=TOOLS)
+    client.chat.completions.create(
+        model="m",
+        messages=[
+            {"role": "user", "content": "one, rewritten"},
+            {"role": "assistant", "content": out.choices[0].message.content},
+            {"role": "user", "content": "two"},
+        ],
+        tools=TOOLS,
+    )
+    third = gw.sink.events[-1]
+    assert "exact:new_chain:history_differs (call 1, message 0 (user))" in third.gateway_changes
 
 
 def test_length_stop_appends_the_closing(gw) -> None:

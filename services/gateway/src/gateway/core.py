@@ -215,7 +215,7 @@ class Turn:
             self._plan_parent, self._plan_note = plan.extends, plan.note
             gw.metrics.exact_chain.labels(result=plan.note).inc()
             if plan.extends is None:
-                self.changes.append(f"exact:new_chain:{plan.note}")
+                self.changes.append(f"exact:new_chain:{plan.note}" + (f" ({plan.detail})" if plan.detail else ""))
         else:
             await gw.engine.model(sid)
             mml = gw.engine.max_model_len or None

@@ -46,7 +46,8 @@ class ExactPlan:
     prompt_ids: list[int]
     max_model_len: int | None
     extends: ChainEntry | None
-    note: str  # "extends", or why a new chain started
+    note: str  # "extends", or why a new chain started (a small fixed set: also a metric label)
+    detail: str = ""  # where the closest earlier call diverges (free text, for gateway_changes)
 
 
 @dataclass(frozen=True)
@@ -62,25 +63,34 @@ class ExactPlanner:
         self.max_model_len: int | None = None
 
     @staticmethod
-    def find_parent(session: Session, req: CanonicalRequest, tkey: str) -> tuple[ChainEntry | None, str]:
+    def find_parent(session: Session, req: CanonicalRequest, tkey: str) -> tuple[ChainEntry | None, str, str]:
+        """The earlier call this request extends, or None with why not: ``(parent, reason, detail)``.
+
+        Without a parent, the reason is the one of the *closest* earlier call (same tools, longest matching history),
+        not of whichever call was looked at last, and ``detail`` says where that call and this request part ways
+        (e.g. a harness that rewrites its own earlier tool calls: ``history_differs``, ``call 3, message 4
+        (assistant)``)."""
         keys = [m.semantic_key() for m in req.messages]
-        reason = "no_previous_call"
+        best: tuple[int, int, str, str] = (0, -1, "no_previous_call", "")  # (rank, matched messages, reason, detail)
         for entry in reversed(session.chain):
             n = len(entry.messages)
             if entry.tools_key != tkey:
-                reason = "tools_changed"
-                continue
-            if len(keys) <= n + 1:
-                reason = "not_longer"
-                continue
-            if [m.semantic_key() for m in entry.messages] != keys[:n]:
-                reason = "history_differs"
-                continue
-            if entry.reply.semantic_key() != keys[n]:
-                reason = "reply_differs"
-                continue
-            return entry, "extends"
-        return None, reason
+                cand = (1, -1, "tools_changed", f"call {entry.call_index}")
+            elif len(keys) <= n + 1:
+                cand = (2, -1, "not_longer", f"call {entry.call_index}: {n + 1} messages, this request {len(keys)}")
+            else:
+                prev = [m.semantic_key() for m in entry.messages]
+                if prev != keys[:n]:
+                    at = next(i for i, (a, b) in enumerate(zip(prev, keys, strict=False)) if a != b)
+                    role = getattr(req.messages[at], "role", "?")
+                    cand = (3, at, "history_differs", f"call {entry.call_index}, message {at} ({role})")
+                elif entry.reply.semantic_key() != keys[n]:
+                    cand = (4, n, "reply_differs", f"call {entry.call_index}, message {n} (assistant)")
+                else:
+                    return entry, "extends", ""
+            if cand[:2] > best[:2]:
+                best = cand
+        return None, best[2], best[3]
 
     async def _frame(
         self, session_id: str, tools: list[dict[str, Any]], tkey: str, kw: dict[str, Any] | None
@@ -122,11 +132,11 @@ class ExactPlanner:
         kw: dict[str, Any] | None,
     ) -> ExactPlan:
         tkey = tools_key(req)
-        parent, reason = self.find_parent(session, req, tkey)
+        parent, reason, detail = self.find_parent(session, req, tkey)
         if parent is not None:
             frame = await self._frame(session.session_id, tools, tkey, kw)
             if frame is None:
-                reason = "template_not_append_only"
+                reason, detail = "template_not_append_only", ""
             else:
                 tail = engine_messages[len(parent.messages) + 1 :]
                 rendered = await self._engine.tokenize_chat(
@@ -137,11 +147,11 @@ class ExactPlanner:
                     done = _sampled_closing(parent.completion_ids, frame.closing)
                     prompt = parent.prompt_ids + parent.completion_ids + frame.closing[done:] + tail_ids
                     return ExactPlan(prompt, rendered.max_model_len or self.max_model_len, parent, "extends")
-                reason = "tail_not_append_only"
+                reason, detail = "tail_not_append_only", ""
         full = await self._engine.tokenize_chat(
             session.session_id, engine_messages, tools, add_generation_prompt=True, chat_template_kwargs=kw
         )
-        return ExactPlan(full.tokens, full.max_model_len, None, reason)
+        return ExactPlan(full.tokens, full.max_model_len, None, reason, detail)
 
 
 def _sampled_closing(completion: list[int], closing: list[int]) -> int:
