@@ -118,8 +118,10 @@ def test_unknown_routes_and_methods(gw, tok) -> None:
     assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
     r = httpx.get(gw.url + "/v1/messages", headers=_h(tok))
     assert r.status_code == 404 and r.json()["type"] == "error"
-    r = httpx.post(gw.url + "/v1beta/models/g:countTokens", json={}, headers=_h(tok))
+    r = httpx.post(gw.url + "/v1beta/models/g:embedContent", json={}, headers=_h(tok))
     assert r.status_code == 404 and r.json()["error"]["status"] == "NOT_FOUND"
+    r = httpx.post(gw.url + "/v1beta/models/g:countTokens", json={}, headers=_h(tok))
+    assert r.status_code == 400 and r.json()["error"]["status"] == "INVALID_ARGUMENT"
 
 
 def test_oversized_body_and_context_overflow(gw, tok) -> None:

@@ -89,6 +89,15 @@ def test_google_generate_and_stream(gw) -> None:
     assert chunks[-1].candidates[0].finish_reason == gt.FinishReason.STOP
 
 
+def test_google_count_tokens_is_the_prompt_the_same_request_gets(gw) -> None:
+    creds = gw.session()
+    client = genai.Client(api_key=creds["token"], http_options=gt.HttpOptions(base_url=creds["base_urls"]["google"]))
+    counted = client.models.count_tokens(model="gemini-x", contents="count me, please")
+    assert gw.sink.events == [], "counting is not a model call"
+    client.models.generate_content(model="gemini-x", contents="count me, please")
+    assert counted.total_tokens == gw.sink.events[-1].prompt_len > 0
+
+
 def test_google_function_call_round_trip(gw) -> None:
     creds = gw.session()
     client = genai.Client(api_key=creds["token"], http_options=gt.HttpOptions(base_url=creds["base_urls"]["google"]))

@@ -85,6 +85,19 @@ def _session(request: Request, model: str | None) -> Session:
     return session
 
 
+async def _prompt_tokens(request: Request, session: Session, canon: CanonicalRequest) -> int:
+    """Prompt tokens of a request as the engine's chat template renders it (count-tokens endpoints; no call made)."""
+    kw = {"enable_thinking": canon.thinking} if canon.thinking is not None else None
+    tok = await _gw(request).engine.tokenize_chat(
+        session.session_id,
+        [m.to_engine() for m in canon.messages],
+        [t.to_engine() for t in canon.tools],
+        add_generation_prompt=True,
+        chat_template_kwargs=kw,
+    )
+    return len(tok.tokens)
+
+
 def _admin(request: Request) -> None:
     expected = _gw(request).settings.control_token
     auth = request.headers.get("authorization", "")
@@ -239,17 +252,7 @@ def create_app(
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(request: Request, body: anthropic_messages.CountTokensRequest) -> dict[str, int]:
         session = _session(request, body.model)
-        canon = anthropic_messages.to_canonical(body)
-        gw = _gw(request)
-        kw = {"enable_thinking": canon.thinking} if canon.thinking is not None else None
-        tok = await gw.engine.tokenize_chat(
-            session.session_id,
-            [m.to_engine() for m in canon.messages],
-            [t.to_engine() for t in canon.tools],
-            add_generation_prompt=True,
-            chat_template_kwargs=kw,
-        )
-        return {"input_tokens": len(tok.tokens)}
+        return {"input_tokens": await _prompt_tokens(request, session, anthropic_messages.to_canonical(body))}
 
     # ------------------------------------------------------------------------------------------- Google
 
@@ -259,6 +262,15 @@ def create_app(
         session = _session(request, model)
         canon = google_generate.to_canonical(body, model, stream=False)
         return await _run(request, canon, google_generate, session, None)
+
+    @app.post("/v1beta/models/{model}:countTokens")
+    @app.post("/v1/models/{model}:countTokens")
+    async def count_tokens_google(
+        request: Request, model: str, body: google_generate.CountTokensRequest
+    ) -> dict[str, int]:
+        session = _session(request, model)
+        canon = google_generate.to_canonical(body.as_generate(), model, stream=False)
+        return {"totalTokens": await _prompt_tokens(request, session, canon)}
 
     @app.post("/v1beta/models/{model}:streamGenerateContent")
     @app.post("/v1/models/{model}:streamGenerateContent")

@@ -33,7 +33,7 @@ from gateway.core import Turn
 from gateway.errors import GatewayError, InvalidRequest, UnsupportedContent, render_stream_error
 from gateway.protocols.sse import sse
 
-__all__ = ["PROTOCOL", "GenerateRequest", "render_json", "stream", "to_canonical"]
+__all__ = ["PROTOCOL", "CountTokensRequest", "GenerateRequest", "render_json", "stream", "to_canonical"]
 
 PROTOCOL = Protocol.GOOGLE_GENERATE
 _FINISH = {"stop": "STOP", "stop_sequence": "STOP", "tool_calls": "STOP", "length": "MAX_TOKENS"}
@@ -65,6 +65,21 @@ class GenerateRequest(_Wire):
     tools: list[dict[str, Any]] | None = None
     toolConfig: dict[str, Any] | None = None
     generationConfig: GenerationConfig | None = None
+
+
+class CountTokensRequest(_Wire):
+    """``:countTokens`` body: bare ``contents`` (what the google-genai SDK sends to the Gemini API) or a whole
+    ``generateContentRequest`` (system instruction and tools counted too)."""
+
+    contents: list[Content] | None = None
+    generateContentRequest: GenerateRequest | None = None
+
+    def as_generate(self) -> GenerateRequest:
+        if self.generateContentRequest is not None:
+            return self.generateContentRequest
+        if not self.contents:
+            raise InvalidRequest("countTokens needs `contents` or `generateContentRequest`")
+        return GenerateRequest(contents=self.contents)
 
 
 def _part_text(p: dict[str, Any], where: str) -> str:
