@@ -135,7 +135,10 @@ def audit(settings: KafkaSettings, *, stranded_after_s: float | None = None, idl
     req_count: Counter[str] = Counter()
     group_members: dict[str, set[str]] = defaultdict(set)
     group_requested_at: dict[str, int] = {}
+    group_size: dict[str, int] = {}  # as the scheduler stamped it on the requests (absent for requests of others)
     for r in requested:
+        if (stamped := r.metadata.get("group_size", "")).isdigit():
+            group_size[r.group_id] = int(stamped)
         req_count[r.session_id] += 1
         req_by_sid.setdefault(r.session_id, r)
         group_members[r.group_id].add(r.session_id)
@@ -234,9 +237,15 @@ def audit(settings: KafkaSettings, *, stranded_after_s: float | None = None, idl
             at = group_requested_at.get(gid)
             if at is not None and newest - at > stranded_after_s * 1000:
                 done = sum(1 for sid in group_members[gid] if sid in fin_count)
+                size = group_size.get(gid, len(group_members[gid]))
+                short = (
+                    f"; only {len(group_members[gid])} of its {size} sessions requested"
+                    if size > len(group_members[gid])
+                    else ""
+                )
                 v.append(
                     f"group {gid} stranded: requested {(newest - at) / 1000:.0f}s before the newest batch, "
-                    f"never batched ({done}/{len(group_members[gid])} sessions finished)"
+                    f"never batched ({done}/{len(group_members[gid])} sessions finished{short})"
                 )
 
     # ---- weights
