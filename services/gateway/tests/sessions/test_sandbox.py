@@ -118,6 +118,32 @@ async def test_kill_takes_down_daemonized_children(settings: SessionSettings) ->
     assert sandbox_processes(marker) == []
 
 
+async def test_a_sandbox_takes_itself_down_when_its_lifeline_is_cut(settings: SessionSettings) -> None:
+    # What a node's death does to the pipe (the kernel closes the write end), without killing anything ourselves:
+    # the launcher's helper must kill the harness and its daemon, so nothing waits on them. This is the backstop
+    # for the window before bwrap arms --die-with-parent.
+    marker = f"floe-orphan-{secrets.token_hex(4)}"
+    ws, home, run = dirs(settings)
+    script = f"setsid nohup python3 -c 'import time; time.sleep(300)' {marker} >/dev/null 2>&1 & sleep 300"
+    spec = SandboxSpec(argv=["/bin/sh", "-c", script], workspace=ws, home=home, run_dir=run)
+    proc = SandboxProcess(settings, spec)
+    await proc.start()
+    try:
+        for _ in range(200):
+            if sandbox_processes(marker):
+                break
+            await asyncio.sleep(0.02)
+        assert sandbox_processes(marker), "the daemon never started"
+        proc._cut_lifeline()
+        code = await proc.wait(timeout=15)  # no kill from us: the sandbox ended by itself
+        assert code != 0
+        assert proc.ns_init_pid is not None and await proc.wait_gone(timeout=5)
+        assert sandbox_processes(marker) == []
+    finally:
+        await proc.kill()
+        shutil.rmtree(ws.parent)
+
+
 async def test_flooding_output_keeps_only_the_tail(settings: SessionSettings) -> None:
     code, out, _err, proc = await run_in(
         settings, "head -c 30000000 /dev/zero | tr '\\0' 'a'; echo; echo END; head -c 5000000 /dev/zero >&2"

@@ -14,6 +14,13 @@ Killing: bwrap runs in its own process group with ``--die-with-parent``; the san
 namespace whose init is bwrap's child, so SIGKILL to the group tears the namespace down and the kernel kills every
 process in it, however the harness daemonised. ``wait_gone`` then checks the namespace init really left.
 
+Lifeline: ``--die-with-parent`` has a window. bwrap arms it only once it runs, and its namespace init re-arms it
+after a credential switch. If the node dies, or cancels a start, inside that window, the init survives. It then
+waits forever on whatever the harness left behind; `tests/e2e` caught one such sandbox after a node shutdown. So the
+node also holds the write end of a pipe whose read end goes into the sandbox. The launcher's helper process kills
+every process of the sandbox when that pipe reaches EOF: the node closed it, or the kernel did because the node
+died. There is no window, because the pipe exists before the fork.
+
 Not covered (honest limits): no seccomp filter, no cgroup memory/CPU limits (rlimits only), and the read-only
 ``/etc`` is the host's. This is an isolation boundary for well-meaning but sloppy agents, not a hardened jail.
 """
@@ -107,7 +114,9 @@ def _write_identity(settings: SessionSettings, run_dir: Path) -> None:
         os.chmod(run_dir / INIT_SCRIPT.name, 0o644)
 
 
-def build_command(settings: SessionSettings, spec: SandboxSpec, harness_fd: int | None) -> list[str]:
+def build_command(
+    settings: SessionSettings, spec: SandboxSpec, harness_fd: int | None, lifeline_fd: int | None = None
+) -> list[str]:
     """The full argv: prlimit -> setpriv (drop to the agent uid) -> bwrap -> launcher -> harness."""
     limits = [
         f"--nofile={settings.rlimit_nofile}",
@@ -144,6 +153,8 @@ def build_command(settings: SessionSettings, spec: SandboxSpec, harness_fd: int 
     cmd += ["--ro-bind", str(spec.run_dir), RUN_MOUNT]
     cmd += ["--chdir", settings.sandbox_workspace]
     launcher = [str(settings.bridge_python), f"{RUN_MOUNT}/{INIT_SCRIPT.name}"]
+    if lifeline_fd is not None:
+        launcher += ["--lifeline", str(lifeline_fd)]
     if spec.bridge_socket is not None:
         launcher += ["--bridge", str(settings.inner_gateway_port), f"{RUN_MOUNT}/{spec.bridge_socket.name}"]
     return [*cmd, "--", *launcher, "--", *spec.argv]
@@ -189,6 +200,7 @@ class SandboxProcess:
         self._proc: asyncio.subprocess.Process | None = None
         self._readers: list[asyncio.Task[None]] = []
         self._info_read: int | None = None
+        self._lifeline: int | None = None  # write end; closing it (or dying) makes the sandbox kill itself
         self.ns_init_pid: int | None = None
         self.killed = False
         self._started = 0.0
@@ -208,11 +220,12 @@ class SandboxProcess:
                     "directory is not world-executable); install with FLOE_CACHE=/var/cache/floe"
                 )
         info_r, info_w = os.pipe()
+        life_r, life_w = os.pipe()  # both close-on-exec: only the read end is passed (pass_fds), never the write end
         try:
-            cmd = build_command(self.settings, self.spec, harness_fd)
+            cmd = build_command(self.settings, self.spec, harness_fd, life_r)
             bw = cmd.index("bwrap")
             cmd[bw + 1 : bw + 1] = ["--info-fd", str(info_w)]
-            fds = [info_w] + ([harness_fd] if harness_fd is not None else [])
+            fds = [info_w, life_r] + ([harness_fd] if harness_fd is not None else [])
             self._started = time.monotonic()
             self._proc = await asyncio.create_subprocess_exec(
                 *cmd,
@@ -224,13 +237,19 @@ class SandboxProcess:
                 pass_fds=fds,
                 cwd="/",
             )
-        except OSError as exc:
+        except BaseException as exc:
+            # Including a cancellation in the middle of the spawn: whatever started sees EOF and ends itself.
+            os.close(life_w)
             os.close(info_r)
-            raise SandboxError(f"cannot start bwrap: {exc}") from exc
+            if isinstance(exc, OSError):
+                raise SandboxError(f"cannot start bwrap: {exc}") from exc
+            raise
         finally:
             os.close(info_w)
+            os.close(life_r)
             if harness_fd is not None:
                 os.close(harness_fd)
+        self._lifeline = life_w
         self._info_read = info_r
         assert self._proc.stdout is not None and self._proc.stderr is not None
         self._readers = [
@@ -258,10 +277,17 @@ class SandboxProcess:
         assert self._proc is not None
         code = await asyncio.wait_for(self._proc.wait(), timeout=timeout)
         await asyncio.wait_for(asyncio.gather(*self._readers, return_exceptions=True), timeout=5.0)
+        self._cut_lifeline()
         return code
+
+    def _cut_lifeline(self) -> None:
+        if self._lifeline is not None:
+            os.close(self._lifeline)
+            self._lifeline = None
 
     async def kill(self) -> None:
         """SIGKILL the whole tree; return once the sandbox's pid namespace is gone. Safe to call twice."""
+        self._cut_lifeline()
         proc = self._proc
         if proc is None:
             return

@@ -1,20 +1,30 @@
-"""In-sandbox launcher: opens the gateway bridge on loopback, then execs the harness. Stdlib only.
+"""In-sandbox launcher: opens the gateway bridge on loopback, watches the node's lifeline, then execs the harness.
+Stdlib only.
 
 This file is copied into each session's run directory and executed by the sandbox's python (``/usr/bin/python3``),
 never imported by floe. The sandbox has its own network namespace with only loopback, so the harness cannot reach
-the gateway's TCP port. This launcher listens on ``127.0.0.1:<port>`` inside the sandbox and carries each
-connection over the Unix socket that the node bind-mounts at ``--socket`` (TCP -> UDS here; UDS -> TCP on the node,
-see ``bridge.py``). The listener is bound *before* the exec, so the harness never races it; the forwarding child
-dies with the sandbox's pid namespace when the harness exits.
+the gateway's TCP port. Before the exec, the launcher forks one helper process that:
 
-Usage: python3 sandbox_init.py [--bridge PORT SOCKET] -- argv...
+- with ``--bridge PORT SOCKET``: listens on ``127.0.0.1:<port>`` inside the sandbox and carries each connection over
+  the Unix socket that the node bind-mounts at SOCKET (TCP -> UDS here; UDS -> TCP on the node, see ``bridge.py``).
+  The listener is bound *before* the exec, so the harness never races it;
+- with ``--lifeline FD``: blocks on the read end of a pipe whose write end only the node holds. EOF means the node
+  ended the session or died, and the helper then SIGKILLs every other process of the sandbox. This also covers
+  the window before bwrap arms ``--die-with-parent`` (see ``sandbox.py``);
+- dies with the harness (``PR_SET_PDEATHSIG``), so it never keeps the sandbox alive by itself.
+
+Usage: python3 sandbox_init.py [--lifeline FD] [--bridge PORT SOCKET] -- argv...
 """
 
 import contextlib
+import ctypes
 import os
+import signal
 import socket
 import sys
 import threading
+
+PR_SET_PDEATHSIG = 1
 
 
 def _pump(src: socket.socket, dst: socket.socket) -> None:
@@ -46,29 +56,78 @@ def _serve(listener: socket.socket, uds_path: str) -> None:
             threading.Thread(target=_pump, args=(a, b), daemon=True).start()
 
 
+def _kill_sandbox() -> None:
+    """SIGKILL every process of this sandbox but its init and ourselves. Only inside bwrap's pid namespace (its
+    pid 1 is bwrap): run anywhere else, this must do nothing rather than signal the host's processes."""
+    try:
+        with open("/proc/1/cmdline", "rb") as f:
+            init = os.path.basename(f.read().split(b"\0")[0])
+    except OSError:
+        return
+    if init != b"bwrap":
+        return
+    me = os.getpid()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) not in (1, me):
+            with contextlib.suppress(OSError):
+                os.kill(int(entry), signal.SIGKILL)
+
+
+def _helper(harness_pid: int, listener: socket.socket | None, uds_path: str, lifeline: int | None) -> None:
+    # Die with the harness (our parent after its exec); it may already be gone by the time this is armed.
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != harness_pid:
+        os._exit(0)
+    # The helper must not hold the harness's stdout/stderr open (the node reads them to EOF).
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    if listener is not None:
+        threading.Thread(target=_serve, args=(listener, uds_path), daemon=True).start()
+    if lifeline is None:
+        threading.Event().wait()  # serve until the harness exits (PDEATHSIG)
+    else:
+        while os.read(lifeline, 4096):
+            pass  # the node never writes; only EOF matters
+        _kill_sandbox()
+    os._exit(0)
+
+
 def main(argv: list[str]) -> None:
     if "--" not in argv:
-        sys.exit("sandbox_init: usage: [--bridge PORT SOCKET] -- argv...")
+        sys.exit("sandbox_init: usage: [--lifeline FD] [--bridge PORT SOCKET] -- argv...")
     split = argv.index("--")
     opts, command = argv[:split], argv[split + 1 :]
     if not command:
         sys.exit("sandbox_init: empty command")
-    if opts[:1] == ["--bridge"]:
-        port, uds_path = int(opts[1]), opts[2]
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("127.0.0.1", port))
-        listener.listen(128)
+    listener: socket.socket | None = None
+    uds_path = ""
+    lifeline: int | None = None
+    while opts:
+        if opts[0] == "--bridge" and len(opts) >= 3:
+            port, uds_path = int(opts[1]), opts[2]
+            listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind(("127.0.0.1", port))
+            listener.listen(128)
+            opts = opts[3:]
+        elif opts[0] == "--lifeline" and len(opts) >= 2:
+            lifeline = int(opts[1])
+            opts = opts[2:]
+        else:
+            sys.exit(f"sandbox_init: unknown option {opts[0]!r}")
+    if listener is not None or lifeline is not None:
+        harness_pid = os.getpid()
         if os.fork() == 0:
-            # The forwarder must not hold the harness's stdout/stderr open (the node reads them to EOF).
-            devnull = os.open(os.devnull, os.O_RDWR)
-            for fd in (0, 1, 2):
-                os.dup2(devnull, fd)
             try:
-                _serve(listener, uds_path)
+                _helper(harness_pid, listener, uds_path, lifeline)
             finally:
                 os._exit(0)
-        listener.close()
+        if listener is not None:
+            listener.close()
+        if lifeline is not None:
+            os.close(lifeline)  # the harness itself has no use for it
     try:
         os.execvp(command[0], command)
     except OSError as exc:
