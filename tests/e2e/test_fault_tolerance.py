@@ -13,6 +13,7 @@ Everything waits on conditions with deadlines; on a failure the tails of the ser
 from __future__ import annotations
 
 import shutil
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -148,6 +149,11 @@ def demo() -> Iterator[Demo]:
         yield d
     finally:
         d.down()
+    # Nodes were killed mid-session and stopped while starting sessions: no sandbox may outlive them.
+    leftovers = subprocess.run(
+        ["pgrep", "-a", "-f", f"{run_dir}|{d.sandbox_root}"], capture_output=True, text=True
+    ).stdout.splitlines()
+    assert not leftovers, "processes of the run survived:\n" + "\n".join(leftovers)
     if d.passed:  # type: ignore[attr-defined]
         shutil.rmtree(run_dir, ignore_errors=True)
     else:
