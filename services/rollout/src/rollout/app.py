@@ -30,7 +30,6 @@ def create_app(settings: RolloutSettings, kafka: KafkaSettings | None = None, *,
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         stop = asyncio.Event()
         task = critical_task(app, service.run(stop), "rollout pipeline") if run_service else None
-        app.state.service, app.state.task = service, task
         try:
             yield
         finally:

@@ -93,6 +93,11 @@ class SchedulerConfig:
     cancel_grace_s: float = 60.0
 
 
+def _session_id(group_id: str, index: int) -> str:
+    """The deterministic id of a group's ``index``-th session (admission and re-publication must agree on it)."""
+    return f"{group_id}-{index:02d}"
+
+
 @dataclass
 class _Group:
     group_id: str
@@ -235,7 +240,7 @@ class Scheduler:
             meta["train_index"] = str(self.train_groups_admitted)
         events: list[Event] = [
             SessionRequested(
-                session_id=f"{group_id}-{i:02d}",
+                session_id=_session_id(group_id, i),
                 group_id=group_id,
                 task_id=task,
                 task_source=run.task_source,
@@ -269,7 +274,7 @@ class Scheduler:
             if len(group.sessions) >= group.size or group.template is None or group.run not in self.runs:
                 continue
             for i in range(group.size):
-                sid = f"{group.group_id}-{i:02d}"
+                sid = _session_id(group.group_id, i)
                 if sid in group.sessions:
                     continue
                 req = group.template.model_copy(update={"session_id": sid})
