@@ -17,6 +17,9 @@ consumer group, no commit: production offsets are untouched) and checks, per ses
   newest batch was created, and not batched, is a violation (a stuck group, e.g. sessions of a dead gateway node
   that nothing ever ended).
 
+Safe on a live run: topics are read effects-first (weights, batches, rewards, finished, requests), so an event
+published while the audit reads is never mistaken for a dangling reference.
+
 Limits: the weights topic is compacted, so on a long-lived broker older versions may be gone (versions are then
 checked from the oldest one retained); topics are read as retained (a retention cut looks like missing data).
 """
@@ -123,12 +126,15 @@ def audit(settings: KafkaSettings, *, stranded_after_s: float | None = None, idl
     report = AuditReport()
     v = report.violations
 
-    requested = _events(settings, SESSIONS_REQUESTED, report, idle_timeout)
-    finished = _events(settings, SESSIONS_FINISHED, report, idle_timeout)
-    rewards = _events(settings, REWARDS, report, idle_timeout)
-    cancels = _events(settings, SESSIONS_CANCEL, report, idle_timeout)
-    batches = _events(settings, TRAJECTORY_BATCHES, report, idle_timeout)
+    # Downstream topics first. On a live run every event is published only after the events it refers to are
+    # committed (a reward after its SessionFinished, a batch after its rewards, a version after its batch), so reading
+    # effects before causes never shows a reference to an event that was published after its topic was read.
     weights = _events(settings, WEIGHTS, report, idle_timeout)
+    batches = _events(settings, TRAJECTORY_BATCHES, report, idle_timeout)
+    cancels = _events(settings, SESSIONS_CANCEL, report, idle_timeout)
+    rewards = _events(settings, REWARDS, report, idle_timeout)
+    finished = _events(settings, SESSIONS_FINISHED, report, idle_timeout)
+    requested = _events(settings, SESSIONS_REQUESTED, report, idle_timeout)
 
     # ---- sessions
     req_by_sid: dict[str, SessionRequested] = {}

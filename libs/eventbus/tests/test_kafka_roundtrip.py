@@ -187,6 +187,28 @@ async def test_commit_after_handling_resumes_after_the_committed_message(
         assert await consumer.next(timeout_s=1.5) is None
 
 
+async def test_messages_fetched_by_the_poll_that_served_a_rebalance_are_not_lost(
+    kafka_settings: KafkaSettings, topic_factory: TopicFactory, consumer_group: str
+) -> None:
+    # librdkafka runs rebalance callbacks inside poll(), and that same poll() can go on to return messages of the
+    # new assignment. Here every poll serves an (empty) revocation before returning: the messages must still arrive.
+    topic = topic_factory(REWARDS, partitions=1)
+    async with Producer(kafka_settings) as producer:
+        for i in range(3):
+            await producer.send(topic, _reward(i))
+    async with Consumer(kafka_settings, [topic], group_id=consumer_group) as consumer:
+        fetch = consumer._fetch
+
+        def fetch_across_a_rebalance(timeout: float) -> list[Any]:
+            got = fetch(timeout)
+            consumer._on_revoke(consumer._require(), [])
+            return got
+
+        consumer._fetch = fetch_across_a_rebalance  # type: ignore[method-assign]
+        messages = await drain(consumer, 3, timeout_s=20.0)
+    assert [m.event.session_id for m in messages] == ["s-0000", "s-0001", "s-0002"]
+
+
 async def test_many_concurrent_sends_are_all_acked_in_key_order(
     kafka_settings: KafkaSettings, topic_factory: TopicFactory, consumer_group: str
 ) -> None:

@@ -9,7 +9,7 @@ from eventbus import KafkaSettings
 
 
 def test_defaults_point_at_the_local_broker(monkeypatch: pytest.MonkeyPatch) -> None:
-    for var in ("FLOE_KAFKA_BOOTSTRAP_SERVERS", "FLOE_KAFKA_SECURITY_PROTOCOL"):
+    for var in ("FLOE_KAFKA_BOOTSTRAP_SERVERS", "FLOE_KAFKA_SECURITY_PROTOCOL", "FLOE_KAFKA_DEBUG"):
         monkeypatch.delenv(var, raising=False)
     s = KafkaSettings()
     assert s.bootstrap_servers == "127.0.0.1:9092"
@@ -18,6 +18,11 @@ def test_defaults_point_at_the_local_broker(monkeypatch: pytest.MonkeyPatch) -> 
         "client.id": "floe",
         "security.protocol": "plaintext",
     }
+
+
+def test_librdkafka_debug_contexts_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLOE_KAFKA_DEBUG", "cgrp,broker")
+    assert KafkaSettings().as_librdkafka()["debug"] == "cgrp,broker"
 
 
 def test_env_prefix_and_sasl_ssl(monkeypatch: pytest.MonkeyPatch) -> None:

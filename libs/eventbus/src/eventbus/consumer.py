@@ -402,8 +402,11 @@ class Consumer(Generic[E]):
     def _on_revoke(self, consumer: confluent_kafka.Consumer, partitions: list[TopicPartition]) -> None:
         revoked = {(p.topic, p.partition) for p in partitions}
         self._offsets.reset(list(revoked))
-        # Fetched but not handed out: the next owner reads them from the committed offset.
-        self._buffer = deque(m for m in self._buffer if (m.topic(), m.partition()) not in revoked)
+        # Fetched but not handed out: the next owner reads them from the committed offset. Filtered in place:
+        # ``next()`` may hold a bound ``self._buffer.extend`` across this callback, so the deque must stay the same.
+        kept = [m for m in self._buffer if (m.topic(), m.partition()) not in revoked]
+        self._buffer.clear()
+        self._buffer.extend(kept)
         log.info("partitions revoked", group_id=self._group_id, partitions=[f"{t}[{p}]" for t, p in sorted(revoked)])
 
     def _on_error(self, err: KafkaError) -> None:

@@ -273,10 +273,9 @@ class _LibrdkafkaLogger:
             log.error("librdkafka", detail=text)
         elif level >= 30:
             log.warning("librdkafka", detail=text)
-        elif level >= 20:
-            log.info("librdkafka", detail=text)
         else:
-            log.debug("librdkafka", detail=text)
+            # Debug lines exist only when FLOE_KAFKA_DEBUG asked for them: show them at the service's usual level.
+            log.info("librdkafka", detail=text)
 
 
 LIBRDKAFKA_LOGGER = _LibrdkafkaLogger()

@@ -38,6 +38,10 @@ class KafkaSettings(BaseSettings):
     replication_factor: int = Field(default=-1, description="replication factor for topics created by ensure_topics")
     admin_timeout_s: float = Field(default=30.0, gt=0)
     delivery_timeout_s: float = Field(default=120.0, gt=0, description="producer: give up delivering after this")
+    debug: str | None = Field(
+        default=None,
+        description="librdkafka debug contexts (e.g. 'cgrp' or 'cgrp,broker'), logged as 'librdkafka' debug events",
+    )
 
     @model_validator(mode="after")
     def _credentials_complete(self) -> KafkaSettings:
@@ -73,6 +77,8 @@ class KafkaSettings(BaseSettings):
             conf["ssl.key.password"] = self.ssl_key_password.get_secret_value()
         if self.security_protocol in ("SSL", "SASL_SSL"):
             conf["ssl.endpoint.identification.algorithm"] = "https" if self.ssl_endpoint_identification else "none"
+        if self.debug:
+            conf["debug"] = self.debug
         return conf
 
     def redacted(self) -> dict[str, Any]:
