@@ -11,6 +11,12 @@
 - librdkafka's sync ``Consumer`` runs on ONE dedicated worker thread (every call: poll, commit, close), so the event
   loop never blocks and the client is never used from two threads at once.
 
+- ``rejoin_after_s``: for a member that should always own partitions (the only member of its group, such as the
+  learner). If it has owned none for that long, it closes its librdkafka client and joins again with a new one.
+  librdkafka can lose its membership and never rejoin: the fault-tolerance test once saw the learner's consumer
+  time out its session right after a broker restart, revoke its partition, and never send a JoinGroup again.
+  Training then stops without an error. With the watchdog the learner comes back as a new member.
+
 Limits: messages of one partition are handed out in order; the caller decides concurrency. With a consumer group,
 a rebalance may redeliver messages handled but not yet committed (at-least-once). Static membership
 (``group_instance_id``) lets a restarted instance take its partitions back without waiting for a session timeout.
@@ -21,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import threading
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -181,9 +188,12 @@ class Consumer(Generic[E]):
         poll_timeout_s: float = 0.2,
         config: Mapping[str, Any] | None = None,
         registry: CollectorRegistry | None = None,
+        rejoin_after_s: float | None = None,
     ) -> None:
         if not topics:
             raise ValueError("Consumer needs at least one topic")
+        if rejoin_after_s is not None and rejoin_after_s <= 0:
+            raise ValueError("rejoin_after_s must be positive")
         self._settings = settings
         self._topics: dict[str, Topic[E]] = {t.name: t for t in topics}
         self._group_id = group_id
@@ -202,6 +212,11 @@ class Consumer(Generic[E]):
         self._offsets = _Offsets()
         self._dlq_producer: Producer | None = None
         self._closed = False
+        self._rejoin_after_s = rejoin_after_s
+        self._owned: set[tuple[str, int]] = set()
+        self._unowned_since: float | None = None  # monotonic time since which no partition is owned
+        self._abandoned: list[confluent_kafka.Consumer] = []  # clients that would not close; kept, never used
+        self.rejoins = 0
 
     # ------------------------------------------------------------------------------------------- lifecycle
 
@@ -229,7 +244,31 @@ class Consumer(Generic[E]):
             return consumer
 
         self._consumer = await self._call(create)
+        self._owned.clear()
+        self._unowned_since = time.monotonic()
         log.info("consumer started", group_id=self._group_id, topics=list(self._topics))
+
+    async def _rejoin(self, unowned_s: float) -> None:
+        """Replace the librdkafka client with a new member of the same group (see ``rejoin_after_s``)."""
+        log.warning(
+            "consumer owned no partition for too long; rejoining its group as a new member",
+            group_id=self._group_id,
+            seconds=round(unowned_s, 1),
+        )
+        old, old_executor = self._consumer, self._executor
+        self._consumer = self._executor = None
+        if old is not None and old_executor is not None:
+            try:
+                # A leave request lets the group hand the partitions to the new member at once.
+                await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(old_executor, old.close), 10.0)
+            except Exception as exc:  # hung or failing close: never touch that client again
+                log.warning("old consumer client did not close; abandoned", error=repr(exc))
+                self._abandoned.append(old)
+            old_executor.shutdown(wait=False)
+        self._buffer.clear()
+        self._offsets.reset(list(self._owned))
+        self.rejoins += 1
+        await self.start()
 
     async def close(self) -> None:
         self._closed = True
@@ -264,6 +303,10 @@ class Consumer(Generic[E]):
             if not self._buffer:
                 if self._closed:
                     return None
+                if self._rejoin_after_s is not None and self._unowned_since is not None:
+                    unowned_s = time.monotonic() - self._unowned_since
+                    if unowned_s > self._rejoin_after_s:
+                        await self._rejoin(unowned_s)
                 remaining = None if deadline is None else deadline - loop.time()
                 if remaining is not None and remaining <= 0:
                     return None
@@ -395,6 +438,9 @@ class Consumer(Generic[E]):
 
     def _on_assign(self, consumer: confluent_kafka.Consumer, partitions: list[TopicPartition]) -> None:
         self._offsets.reset([(p.topic, p.partition) for p in partitions])
+        self._owned.update((p.topic, p.partition) for p in partitions)
+        if self._owned:
+            self._unowned_since = None
         log.info(
             "partitions assigned", group_id=self._group_id, partitions=[f"{p.topic}[{p.partition}]" for p in partitions]
         )
@@ -402,6 +448,9 @@ class Consumer(Generic[E]):
     def _on_revoke(self, consumer: confluent_kafka.Consumer, partitions: list[TopicPartition]) -> None:
         revoked = {(p.topic, p.partition) for p in partitions}
         self._offsets.reset(list(revoked))
+        self._owned -= revoked
+        if not self._owned and self._unowned_since is None:
+            self._unowned_since = time.monotonic()
         # Fetched but not handed out: the next owner reads them from the committed offset. Filtered in place:
         # ``next()`` may hold a bound ``self._buffer.extend`` across this callback, so the deque must stay the same.
         kept = [m for m in self._buffer if (m.topic(), m.partition()) not in revoked]

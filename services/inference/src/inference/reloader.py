@@ -61,7 +61,10 @@ async def run_weight_reloader(
     backoff = 0.5
     while True:
         try:
-            async with Consumer(kafka, [topic], group_id=group, auto_offset_reset="earliest") as consumer:
+            # The engine is its group's only member: owning no partition for a minute means a lost membership.
+            async with Consumer(
+                kafka, [topic], group_id=group, auto_offset_reset="earliest", rejoin_after_s=60.0
+            ) as consumer:
                 if ready is not None:
                     ready.set()
                 backoff = 0.5

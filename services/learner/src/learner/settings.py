@@ -55,6 +55,12 @@ class LearnerSettings(BaseSettings):
 
     # Kafka
     group_id: str = "learner"
+    rejoin_after_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="rejoin the consumer group as a new member after owning no partition this long (rank 0 is its "
+        "group's only member, so it should always own the batches partition)",
+    )
     batches_topic: str | None = Field(default=None, description="override the trajectory-batches topic name")
     weights_topic: str | None = Field(default=None, description="override the weights topic name")
 

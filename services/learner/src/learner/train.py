@@ -333,7 +333,10 @@ async def serve(
     await ensure_topics(kafka, [batches, weights_topic, DEAD_LETTER])
     stop = stop or asyncio.Event()
     try:
-        async with Producer(kafka) as producer, Consumer(kafka, [batches], group_id=settings.group_id) as consumer:
+        async with (
+            Producer(kafka) as producer,
+            Consumer(kafka, [batches], group_id=settings.group_id, rejoin_after_s=settings.rejoin_after_s) as consumer,
+        ):
             if learner.last_checkpoint is not None:
                 # Re-announce the version we resumed from: covers a crash between checkpoint and publish.
                 await producer.send(weights_topic, learner.weights_event())
