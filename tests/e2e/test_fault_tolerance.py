@@ -7,11 +7,13 @@ learner and the gateway node, then a stop/start of the Kafka broker. After each 
 duplicate reward and no batch trained twice; every group admitted before the gateway was killed must have been
 batched (its sessions on the dead node are ended by the rollout's group deadline and kept as masked rows).
 
-Everything waits on conditions with deadlines; on a failure the tails of the service logs are printed.
+Everything waits on conditions with deadlines; on a failure the tails of the service logs are printed and the run
+directory (logs, broker data) is kept; ``FLOE_E2E_KEEP=1`` keeps it after a pass too.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import tempfile
@@ -154,7 +156,7 @@ def demo() -> Iterator[Demo]:
         ["pgrep", "-a", "-f", f"{run_dir}|{d.sandbox_root}"], capture_output=True, text=True
     ).stdout.splitlines()
     assert not leftovers, "processes of the run survived:\n" + "\n".join(leftovers)
-    if d.passed:  # type: ignore[attr-defined]
+    if d.passed and not os.environ.get("FLOE_E2E_KEEP"):  # type: ignore[attr-defined]
         shutil.rmtree(run_dir, ignore_errors=True)
     else:
         print(f"run directory kept: {run_dir}")
