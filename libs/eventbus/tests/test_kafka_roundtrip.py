@@ -229,6 +229,28 @@ async def test_a_consumer_that_lost_its_membership_rejoins_as_a_new_member(
     assert consumer.rejoins == 1
 
 
+@pytest.mark.slow
+async def test_a_handler_slower_than_max_poll_interval_gets_the_message_again_not_an_error(
+    kafka_settings: KafkaSettings, topic_factory: TopicFactory, consumer_group: str
+) -> None:
+    import asyncio
+
+    from eventbus import EventBusError
+
+    topic = topic_factory(REWARDS, partitions=1)
+    async with Producer(kafka_settings) as producer:
+        await producer.send(topic, _reward(0))
+    config = {"max.poll.interval.ms": 10_000}  # librdkafka's floor is session.timeout.ms (10 s)
+    async with Consumer(kafka_settings, [topic], group_id=consumer_group, config=config) as consumer:
+        first = await drain(consumer, 1)
+        await asyncio.sleep(12)  # a slow handler: the group drops us
+        with pytest.raises(EventBusError, match="UNKNOWN_MEMBER_ID"):
+            await consumer.commit(first[0])
+        again = await drain(consumer, 1, timeout_s=30.0)
+        await consumer.commit(again[0])
+    assert again[0].event.session_id == "s-0000"
+
+
 async def test_many_concurrent_sends_are_all_acked_in_key_order(
     kafka_settings: KafkaSettings, topic_factory: TopicFactory, consumer_group: str
 ) -> None:

@@ -120,6 +120,34 @@ async def test_serve_trains_publishes_and_skips_redelivered_batches(
         assert found_arrow is not None and found_arrow.error_type == "DecodeError"
 
 
+@pytest.mark.slow
+async def test_a_step_longer_than_max_step_s_costs_a_redelivery_not_a_crash(
+    tiny_model_dir, tmp_path, kafka_settings, topic_factory, consumer_group
+):
+    # The group drops a member that does not poll for max_step_s, so the commit after such a step fails
+    # (UNKNOWN_MEMBER_ID); the learner must carry on, and the ledger skips the batch when it comes again.
+    batches_topic, weights_topic = topic_factory(TRAJECTORY_BATCHES), topic_factory(WEIGHTS)
+    settings = LearnerSettings(
+        model_dir=tiny_model_dir, checkpoint_dir=tmp_path / "ckpt", batches_topic=batches_topic.name,
+        weights_topic=weights_topic.name, group_id=consumer_group, max_step_s=10, debug_step_delay_s=13, **LINEAR,
+    )  # fmt: skip
+    data = make_batches(2, seed=5)
+    async with Producer(kafka_settings) as producer:
+        await producer.send(batches_topic, inline("s1", data[0]))
+        await producer.send(batches_topic, inline("s2", data[1]))
+    stop = asyncio.Event()
+    task = asyncio.create_task(serve(settings, stop, kafka_settings))
+    try:
+        async with Consumer(kafka_settings, [weights_topic], group_id=consumer_group + "-w") as weights:
+            seen = await wait_for_versions(weights, 2, timeout_s=150)
+        assert not task.done(), task.exception()
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 60)
+    assert [w.version for w in seen] == [1, 2]
+    assert read_state(Path(seen[-1].uri)).applied_batches == ["s1", "s2"]
+
+
 def _spawn(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     with open(log, "ab") as f:
         return subprocess.Popen([sys.executable, "-m", "learner"], env=env, stdout=f, stderr=f, start_new_session=True)

@@ -55,6 +55,12 @@ class LearnerSettings(BaseSettings):
 
     # Kafka
     group_id: str = "learner"
+    max_step_s: float = Field(
+        default=3600.0,
+        ge=10.0,
+        description="longest train step incl. checkpoint and publish (librdkafka max.poll.interval.ms); a longer "
+        "step costs a redelivery of its batch, which the ledger skips",
+    )
     rejoin_after_s: float = Field(
         default=60.0,
         gt=0,

@@ -16,6 +16,9 @@ engines ignore versions they already have), so a crash between checkpoint and pu
 Exactly-once application: the checkpoint that contains a batch's update also contains its id in the ledger, and
 the Kafka offset is committed only after that checkpoint is on disk. A crash before the checkpoint redelivers the
 batch and it is applied to the previous weights; a crash after it redelivers the batch and the ledger skips it.
+For the same reason a failed offset commit is only a warning: the batch comes again and the ledger skips it. That
+happens when a step outlasts ``max_step_s`` (librdkafka's ``max.poll.interval.ms``): the group drops the learner
+and the commit answers UNKNOWN_MEMBER_ID.
 
 Distributed (torchrun): rank 0 consumes Kafka and broadcasts each batch's Arrow bytes; every rank decodes the
 whole batch (so loss weights are global), trains on its share of micro-batches under DDP or FSDP2, and rank 0
@@ -321,7 +324,7 @@ async def serve(
     settings: LearnerSettings, stop: asyncio.Event | None = None, kafka: KafkaSettings | None = None
 ) -> None:
     """Run the learner against Kafka until ``stop`` is set (rank 0), or follow rank 0's broadcasts (other ranks)."""
-    from eventbus import Consumer, KafkaSettings, Producer, ensure_topics
+    from eventbus import Consumer, EventBusError, KafkaSettings, Producer, ensure_topics
 
     learner = await asyncio.to_thread(Learner, settings)
     if not learner.info.is_main:
@@ -335,8 +338,21 @@ async def serve(
     try:
         async with (
             Producer(kafka) as producer,
-            Consumer(kafka, [batches], group_id=settings.group_id, rejoin_after_s=settings.rejoin_after_s) as consumer,
+            Consumer(
+                kafka,
+                [batches],
+                group_id=settings.group_id,
+                rejoin_after_s=settings.rejoin_after_s,
+                config={"max.poll.interval.ms": int(settings.max_step_s * 1000)},
+            ) as consumer,
         ):
+
+            async def commit(msg: Any) -> None:
+                try:
+                    await consumer.commit(msg)
+                except EventBusError as exc:  # see the module docstring: the ledger makes a redelivery harmless
+                    log.warning("offset commit failed; the batch will come again and be skipped", error=str(exc))
+
             if learner.last_checkpoint is not None:
                 # Re-announce the version we resumed from: covers a crash between checkpoint and publish.
                 await producer.send(weights_topic, learner.weights_event())
@@ -351,7 +367,7 @@ async def serve(
                 except BatchError as exc:
                     log.error("batch unreadable, dead-lettered", error=str(exc), offset=msg.offset)
                     await producer.send(DEAD_LETTER, _dead_letter(msg.topic, msg.partition, msg.offset, batch, exc))
-                    await consumer.commit(msg)
+                    await commit(msg)
                     continue
                 broadcast_object(("batch", batch.batch_id, bytes(payload)), learner.info)
                 try:
@@ -360,13 +376,13 @@ async def serve(
                     # Bad rows are data, not a crash: every rank failed the same way while decoding.
                     log.error("batch rejected, dead-lettered", error=str(exc), offset=msg.offset)
                     await producer.send(DEAD_LETTER, _dead_letter(msg.topic, msg.partition, msg.offset, batch, exc))
-                    await consumer.commit(msg)
+                    await commit(msg)
                     continue
                 if result.applied:
                     await asyncio.to_thread(learner.save)
                     await producer.send(weights_topic, learner.weights_event())
                     log.info("weights published", version=learner.version, uri=str(learner.last_checkpoint))
-                await consumer.commit(msg)
+                await commit(msg)
                 structlog.contextvars.unbind_contextvars("batch_id")
     finally:
         broadcast_object(("stop",), learner.info)
