@@ -17,7 +17,8 @@ rollout do). A node that dies after the commit leaves its sessions without a ter
 deadline cancels and replaces them. Nothing is ever started twice concurrently by one node.
 
 Backpressure: the node stops fetching requests while ``max_accepted`` sessions are in flight, leaving the rest to
-other nodes (librdkafka's ``max.poll.interval.ms`` bounds how long; past it the group rebalances, which is fine).
+other nodes. A full node can stay away longer than ``max.poll.interval.ms``: the group then drops it, and it
+rejoins when it fetches again (the consumer logs that notice; it is not an error).
 """
 
 from __future__ import annotations
