@@ -117,6 +117,7 @@ def test_every_kafka_error_code_maps_to_a_class_of_the_tree() -> None:
         (KafkaError.MSG_SIZE_TOO_LARGE, MessageTooLarge, False),
         (KafkaError.PRODUCER_FENCED, ProducerFenced, False),
         (KafkaError._STATE, ClientStateError, False),
+        (KafkaError._MAX_POLL_EXCEEDED, KafkaFailure, True),  # a notice: the next poll rejoins the group
     ],
 )
 def test_key_codes_map_to_their_class(code: int, cls: type[EventBusError], retriable: bool) -> None:

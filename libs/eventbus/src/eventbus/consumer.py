@@ -350,11 +350,6 @@ class Consumer(Generic[E]):
         return Message(event, name, tp[1], offset, raw_key(raw), raw_timestamp(raw), headers)
 
     def _raise_or_log(self, err: KafkaError) -> None:
-        if err.code() == KafkaError._MAX_POLL_EXCEEDED:
-            # A notice, not a failure: the group dropped us (the handler took longer than max.poll.interval.ms) and
-            # this very poll rejoins. Commits of messages handed out before it fail; they come again.
-            log.warning("consumer dropped from its group for not polling; rejoining", error=err.str())
-            return
         mapped = from_kafka_error(err, f"consume {','.join(self._topics)}")
         if mapped.retriable and not err.fatal():
             log.warning("consumer transient error", error=str(mapped), code=mapped.code)

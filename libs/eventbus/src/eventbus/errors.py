@@ -221,6 +221,10 @@ def from_kafka_error(err: KafkaError, context: str = "") -> EventBusError:
     cls = _BY_CODE.get(code)
     if cls is not None:
         return cls(message, code=name)
+    if code == getattr(_E, "_MAX_POLL_EXCEEDED", None):
+        # A notice, not a failure: the group dropped a consumer that did not poll for max.poll.interval.ms, and its
+        # next poll rejoins. Commits of what it handed out before fail; those messages come again.
+        return KafkaFailure(message, code=name, retriable=True)
     return KafkaFailure(message, code=name, retriable=bool(err.retriable()))
 
 
