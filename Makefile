@@ -7,7 +7,7 @@ UV := $(shell command -v uv 2>/dev/null || echo $(HOME)/.local/bin/uv)
 PY := .venv/bin/python
 # Harness CLIs go to /var/cache/floe/harnesses as root (sandbox uids cannot traverse /root), else ~/.cache/floe;
 # FLOE_CACHE or FLOE_HARNESS_HOME override it (deploy/harnesses/install.sh and the session runner agree on this).
-SRC := schemas/src libs/eventbus/src libs/tasks/src cli/src services/inference/src services/gateway/src \
+SRC := schemas/src libs/eventbus/src libs/tasks/src cli/src services/inference/src services/gateway/src services/sessions/src \
        services/scorer/src services/rollout/src services/learner/src services/dashboard/src
 PYTEST_ARGS ?=
 
@@ -41,9 +41,10 @@ fmt:  ## format the code
 	$(PY) -m ruff format .
 	$(PY) -m ruff check --fix .
 
-lint: deps  ## ruff
+lint: deps  ## ruff, and the import rules of pyproject.toml [tool.importlinter] (services never import each other)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	.venv/bin/lint-imports --no-cache
 
 typecheck: deps  ## mypy
 	$(PY) -m mypy $(SRC)

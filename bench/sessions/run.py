@@ -32,9 +32,9 @@ import structlog
 from contracts import SessionRequested, SessionState
 from floe_tasks import TaskSet
 from gateway.registry import SessionRegistry
-from gateway.sessions.link import RegistryGateway
-from gateway.sessions.node import SessionNode
-from gateway.sessions.settings import SessionSettings
+from sessions.gateway_node import RegistryGateway
+from sessions.node import SessionNode
+from sessions.settings import SessionSettings
 
 
 class _Sink:

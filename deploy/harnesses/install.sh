@@ -2,7 +2,7 @@
 # Install the agent CLIs that floe's harness presets run, into one cache prefix.
 #
 #   deploy/harnesses/install.sh            # all harnesses
-#   deploy/harnesses/install.sh pi codex   # a subset (names as in services/gateway/presets/)
+#   deploy/harnesses/install.sh pi codex   # a subset (names as in services/sessions/presets/)
 #
 # Layout (FLOE_HARNESS_HOME, default ${FLOE_CACHE}/harnesses; FLOE_CACHE defaults to /var/cache/floe for root
 # and ~/.cache/floe otherwise: the sandbox's unprivileged uid must traverse the path, and /root is mode 0700):

@@ -256,11 +256,10 @@ class Demo:
             ),
             ServiceSpec(
                 "gateway",
-                python_module("gateway"),
+                python_module("sessions"),  # a gateway node: the proxy and the session runner in one process
                 {
                     "FLOE_GATEWAY_PORT": str(ports["gateway"]),
                     "FLOE_GATEWAY_ENGINE_URLS": json.dumps([f"http://127.0.0.1:{ports['inference']}"]),
-                    "FLOE_GATEWAY_RUN_SESSIONS": "true",
                     "FLOE_GATEWAY_SESSIONS_WORK_ROOT": str(self.sandbox_root / "sessions"),
                     "FLOE_GATEWAY_SESSIONS_NODE_ID": "demo-node-1",
                     "FLOE_GATEWAY_SESSIONS_MAX_RUNNING": "4",

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 __all__ = ["ALIASES", "DELEGATES", "SERVICES", "add_parser", "delegate", "resolve_alias"]
 
-SERVICES = ("gateway", "rollout", "scorer", "learner", "inference", "dashboard")
+SERVICES = ("gateway", "sessions", "rollout", "scorer", "learner", "inference", "dashboard")
 # `floe <name> …` -> module whose main(argv) handles the rest of the command line.
 DELEGATES = {
     "gateway": "gateway.cli",
@@ -26,7 +26,7 @@ DELEGATES = {
     "inference": "inference.cli",
     "dashboard": "dashboard.cli",
     "tasks": "floe_tasks.cli",
-    "session": "gateway.sessions.cli",
+    "session": "sessions.cli",
     "score": "scorer.cli",
 }
 

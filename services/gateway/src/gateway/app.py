@@ -1,8 +1,9 @@
 """The gateway's FastAPI app: provider routes (parse -> ``Turn`` -> render), admin, health and metrics.
 
-``create_app(settings, sink=None, kafka=None)``: with no ``sink`` the lifespan ensures the model-calls topic and opens
-an ``eventbus.Producer`` on ``kafka`` (default ``KafkaSettings()`` from the environment); unit tests pass a sink with
-``async send(topic, event)`` instead. Everything the
+``create_app(settings, sink=None, kafka=None, extensions=())``: with no ``sink`` the lifespan ensures the model-calls
+topic and opens an ``eventbus.Producer`` on ``kafka`` (default ``KafkaSettings()`` from the environment); unit tests
+pass a sink with ``async send(topic, event)`` instead. ``extensions`` run inside the lifespan after the proxy is up
+(a gateway node passes its session runner there: ``sessions.gateway_node``). Everything the
 routes need lives on ``app.state`` (``gateway``, ``registry``, ``metrics``); there are no module globals.
 
 Errors: every exception becomes the provider's own error body (by path: ``/v1/messages*`` Anthropic,
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import structlog
@@ -26,7 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from contracts import MODEL_CALLS, SamplingPolicy, TokenizationMode
-from eventbus import KafkaSettings, Producer, critical_failure, critical_task, ensure_topics
+from eventbus import KafkaSettings, Producer, critical_failure, ensure_topics
 from gateway.auth import SessionPrefixMiddleware, presented_token, provider_for_path
 from gateway.canonical import CanonicalRequest
 from gateway.core import Admission, Gateway, Turn
@@ -47,7 +48,7 @@ from gateway.registry import Session, SessionRegistry
 from gateway.settings import GatewaySettings
 from gateway.upstream import EngineClient
 
-__all__ = ["create_app"]
+__all__ = ["LifespanExtension", "create_app"]
 
 log = structlog.get_logger()
 
@@ -142,8 +143,17 @@ class _BodyLimit:
         await self.app(scope, receive, send)
 
 
+# Runs inside the app's lifespan once the proxy is ready (a gateway node's session runner, see ``sessions``); the app
+# is passed so the extension can reach ``app.state.registry``. The gateway itself knows nothing of what it runs.
+LifespanExtension = Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]
+
+
 def create_app(
-    settings: GatewaySettings | None = None, *, sink: EventSink | None = None, kafka: KafkaSettings | None = None
+    settings: GatewaySettings | None = None,
+    *,
+    sink: EventSink | None = None,
+    kafka: KafkaSettings | None = None,
+    extensions: Sequence[LifespanExtension] = (),
 ) -> FastAPI:
     settings = settings or GatewaySettings()
 
@@ -174,8 +184,8 @@ def create_app(
             )
             app.state.gateway = Gateway(settings, engine, recorder, metrics, Admission(settings.retry_after_s))
             log.info("gateway_started", engines=settings.engine_urls, topic=settings.model_calls_topic)
-            if settings.run_sessions:
-                await stack.enter_async_context(_session_node(app, settings, kafka or KafkaSettings()))
+            for extension in extensions:
+                await stack.enter_async_context(extension(app))
             yield
 
     metrics = GatewayMetrics()
@@ -357,27 +367,3 @@ def create_app(
         return Response(status_code=200)
 
     return app
-
-
-@contextlib.asynccontextmanager
-async def _session_node(app: FastAPI, settings: GatewaySettings, kafka: KafkaSettings) -> AsyncIterator[None]:
-    """A gateway node: the session runner in this process, minting session tokens in this process's registry and
-    pointing harnesses at this process's own listening address (not the public URL, which may be a proxy)."""
-    import asyncio
-
-    from gateway.sessions import RegistryGateway, SessionMetrics, SessionNode, SessionSettings
-
-    node = SessionNode(
-        SessionSettings(),
-        kafka,
-        RegistryGateway(app.state.registry, f"http://127.0.0.1:{settings.port}"),
-        metrics=SessionMetrics(app.state.metrics.registry),
-    )
-    # A node whose runner died would keep proxying while its sessions strand: fail the process instead.
-    task = critical_task(app, node.run(), "session node")
-    log.info("session_node_started", node_id=node.settings.node_id)
-    try:
-        yield
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)  # a death was already logged by critical_task

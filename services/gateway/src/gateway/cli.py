@@ -3,7 +3,8 @@
     floe gateway serve                      run the gateway (settings from FLOE_GATEWAY_* and FLOE_KAFKA_*)
     floe gateway session-token ID [--url U] mint a session on a running gateway (needs FLOE_GATEWAY_CONTROL_TOKEN)
 
-``python -m gateway`` is ``floe gateway serve``. Session *runs* live in ``floe session …`` (``gateway.sessions``).
+``python -m gateway`` is ``floe gateway serve``: the proxy alone. A gateway node (proxy + session runner) is
+``python -m sessions``; session *runs* live in ``floe session …`` (both in ``services/sessions``).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+
+import structlog
 
 __all__ = ["main", "serve"]
 
@@ -23,6 +26,15 @@ def serve() -> int:
 
     configure_logging("gateway")
     settings = GatewaySettings()
+    if settings.run_sessions:
+        # Deprecated spelling of "run a gateway node". The gateway does not import the runner (services never import
+        # each other), so hand the process over to the node's entry point, which reads the same settings.
+        import os
+
+        structlog.get_logger().warning(
+            "deprecated_setting", name="FLOE_GATEWAY_RUN_SESSIONS", use="python -m sessions (floe serve sessions)"
+        )
+        os.execv(sys.executable, [sys.executable, "-m", "sessions"])
     # Exits 1 if the session node (when this node runs sessions) dies, so a supervisor restarts it.
     return serve_app(create_app(settings), settings.host, settings.port)
 

@@ -46,8 +46,8 @@ class GatewaySettings(BaseSettings):
     model_calls_topic: str = MODEL_CALLS.name
     run_sessions: bool = Field(
         default=False,
-        description="also run the session runner (gateway node): consume SessionRequested, launch harnesses; "
-        "its own settings use the FLOE_GATEWAY_SESSIONS_ prefix",
+        description="deprecated: `python -m gateway` with this set hands over to `python -m sessions` (a gateway "
+        "node: proxy + session runner, whose own settings use the FLOE_GATEWAY_SESSIONS_ prefix)",
     )
     delta_encoding: bool = Field(default=True, description="encode prompts against the session's previous calls")
     record_request_max_bytes: int = 256 * 1024

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from floe_tasks import Task, TaskError, TaskSet
-from gateway.sessions.sandbox import RUN_MOUNT, SandboxError, SandboxSpec, run_collect
-from gateway.sessions.settings import SessionSettings
+from sessions.sandbox import RUN_MOUNT, SandboxError, SandboxSpec, run_collect
+from sessions.settings import SessionSettings
 
 __all__ = [
     "OUR_FILES",

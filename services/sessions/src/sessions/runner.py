@@ -35,14 +35,14 @@ from typing import Protocol
 import structlog
 
 from contracts import SessionFinished, SessionRequested, SessionState, SessionStateChanged
-from gateway.sessions.bridge import UnixBridge
-from gateway.sessions.metrics import SessionMetrics
-from gateway.sessions.presets import Preset, PresetError, load_preset, render
-from gateway.sessions.ready_pool import PriorityGate, ReadyPool
-from gateway.sessions.sandbox import SandboxError, SandboxProcess, SandboxSpec, find_cli
-from gateway.sessions.settings import SessionSettings
-from gateway.sessions.states import Lifecycle
-from gateway.sessions.workspace import PreparedWorkspace, TaskResolver, WorkspaceError, collect_diff, remove_tree
+from sessions.bridge import UnixBridge
+from sessions.metrics import SessionMetrics
+from sessions.presets import Preset, PresetError, load_preset, render
+from sessions.ready_pool import PriorityGate, ReadyPool
+from sessions.sandbox import SandboxError, SandboxProcess, SandboxSpec, find_cli
+from sessions.settings import SessionSettings
+from sessions.states import Lifecycle
+from sessions.workspace import PreparedWorkspace, TaskResolver, WorkspaceError, collect_diff, remove_tree
 
 __all__ = ["EventSink", "SessionGateway", "SessionRunner", "SessionStats"]
 
@@ -57,7 +57,7 @@ class SessionStats:
 
 
 class SessionGateway(Protocol):
-    """What the runner needs from this node's model-API proxy (``gateway.sessions.link.RegistryGateway``)."""
+    """What the runner needs from this node's model-API proxy (``sessions.gateway_node.RegistryGateway``)."""
 
     @property
     def address(self) -> tuple[str, int]:

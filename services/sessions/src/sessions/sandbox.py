@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from gateway.sessions.settings import SessionSettings
+from sessions.settings import SessionSettings
 
 __all__ = ["SandboxError", "SandboxProcess", "SandboxResult", "SandboxSpec", "TailBuffer", "run_collect"]
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 from pathlib import Path
 
 import pytest
 
-from gateway.sessions.presets import TEMPLATE_VARS, PresetError, load_preset, render
+from sessions.presets import TEMPLATE_VARS, PresetError, load_preset, render
 
 from .conftest import PRESETS_DIR
 
@@ -85,7 +88,13 @@ def test_unknown_preset_lists_known_ones() -> None:
 
 
 def test_public_surface() -> None:
-    import gateway.sessions as sessions
+    import sessions as sessions
 
     assert sorted(sessions.__all__) == sorted(n for n in sessions.__all__ if hasattr(sessions, n))
-    assert {"SessionNode", "SessionSettings", "session_main", "RegistryGateway"} <= set(sessions.__all__)
+    assert {"SessionNode", "SessionSettings", "session_main"} <= set(sessions.__all__)
+
+
+def test_runner_does_not_load_the_proxy() -> None:
+    # Only sessions.gateway_node composes the runner with the proxy; the rest of the package stands alone.
+    code = "import sys, sessions, sessions.node, sessions.cli; assert 'gateway' not in sys.modules, 'gateway loaded'"
+    subprocess.run([sys.executable, "-c", code], check=True)

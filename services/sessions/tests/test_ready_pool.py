@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from gateway.sessions.metrics import SessionMetrics
-from gateway.sessions.ready_pool import PriorityGate, ReadyPool
-from gateway.sessions.settings import SessionSettings
-from gateway.sessions.workspace import TaskResolver, WorkspaceError, prepare_workspace, remove_tree
+from sessions.metrics import SessionMetrics
+from sessions.ready_pool import PriorityGate, ReadyPool
+from sessions.settings import SessionSettings
+from sessions.workspace import TaskResolver, WorkspaceError, prepare_workspace, remove_tree
 
 from .conftest import LocalTaskSet
 

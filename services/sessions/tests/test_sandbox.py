@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from gateway.sessions.bridge import UnixBridge
-from gateway.sessions.sandbox import SandboxProcess, SandboxSpec, TailBuffer
-from gateway.sessions.settings import SessionSettings
+from sessions.bridge import UnixBridge
+from sessions.sandbox import SandboxProcess, SandboxSpec, TailBuffer
+from sessions.settings import SessionSettings
 
 from .conftest import sandbox_processes
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.sessions.settings import SessionSettings
-from gateway.sessions.workspace import (
+from sessions.settings import SessionSettings
+from sessions.workspace import (
     PreparedWorkspace,
     TaskResolver,
     WorkspaceError,

@@ -5,19 +5,20 @@
 pool (``ReadyPool``), the harness preset rendered (``presets``), the CLI in a bubblewrap sandbox as an unprivileged
 uid whose only network is a bridge to this node's gateway (``sandbox``, ``bridge``), the diff against the base
 commit (``workspace``), and cleanup that leaves no process or directory. ``session_main`` is ``floe session``.
+``sessions.gateway_node`` composes the runner with the proxy (``gateway``) into a gateway node; it is the only module
+that imports both, and ``import sessions`` does not load it.
 """
 
-from gateway.sessions.cli import session_main
-from gateway.sessions.link import RegistryGateway
-from gateway.sessions.metrics import SessionMetrics
-from gateway.sessions.node import KafkaSink, NodeTopics, SessionNode
-from gateway.sessions.presets import Preset, PresetError, load_preset, render
-from gateway.sessions.ready_pool import PriorityGate, ReadyPool
-from gateway.sessions.runner import EventSink, SessionGateway, SessionRunner, SessionStats
-from gateway.sessions.sandbox import SandboxError, SandboxProcess, SandboxSpec
-from gateway.sessions.settings import SessionSettings
-from gateway.sessions.states import Lifecycle
-from gateway.sessions.workspace import PreparedWorkspace, TaskResolver, WorkspaceError, collect_diff
+from sessions.cli import session_main
+from sessions.metrics import SessionMetrics
+from sessions.node import KafkaSink, NodeTopics, SessionNode
+from sessions.presets import Preset, PresetError, load_preset, render
+from sessions.ready_pool import PriorityGate, ReadyPool
+from sessions.runner import EventSink, SessionGateway, SessionRunner, SessionStats
+from sessions.sandbox import SandboxError, SandboxProcess, SandboxSpec
+from sessions.settings import SessionSettings
+from sessions.states import Lifecycle
+from sessions.workspace import PreparedWorkspace, TaskResolver, WorkspaceError, collect_diff
 
 __all__ = [
     "EventSink",
@@ -29,7 +30,6 @@ __all__ = [
     "PresetError",
     "PriorityGate",
     "ReadyPool",
-    "RegistryGateway",
     "SandboxError",
     "SandboxProcess",
     "SandboxSpec",

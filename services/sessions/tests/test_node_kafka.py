@@ -22,8 +22,8 @@ from contracts import (
     Topic,
 )
 from eventbus import Consumer, KafkaSettings, Producer
-from gateway.sessions.node import NodeTopics, SessionNode
-from gateway.sessions.settings import SessionSettings
+from sessions.node import NodeTopics, SessionNode
+from sessions.settings import SessionSettings
 
 from .conftest import GatewayUnderTest, LocalTaskSet, request
 

@@ -2,7 +2,7 @@
 
 A preset names the CLI, its argv, the environment and config files that point it at the gateway with the session
 token as API key, the model name to present, and the state folders to leave out of the diff. Presets live in
-``services/gateway/presets/<name>.toml``; adding a harness is adding a file, not code.
+``services/sessions/presets/<name>.toml``; adding a harness is adding a file, not code.
 
 Templates use ``${var}`` (``string.Template``; ``$$`` is a literal ``$``), so JSON and TOML config bodies need no
 escaping. Rendering is strict: an unknown variable makes the preset malformed, never an empty string in argv.

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.sessions.cli import session_main
+from sessions.cli import session_main
 
 from .conftest import LocalTaskSet
 

@@ -36,11 +36,11 @@ from contracts import (
 )
 from eventbus import Consumer, KafkaSettings, Producer
 from gateway import GatewaySettings, create_app
-from gateway.sessions.link import RegistryGateway
-from gateway.sessions.node import NodeTopics, SessionNode
-from gateway.sessions.settings import SessionSettings
+from services.gateway.tests._fakes import free_port, serve
+from sessions.gateway_node import RegistryGateway
+from sessions.node import NodeTopics, SessionNode
+from sessions.settings import SessionSettings
 
-from .._fakes import free_port, serve
 from .conftest import request
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from contracts import SessionState
-from gateway.sessions.node import SessionNode
-from gateway.sessions.settings import SessionSettings
+from sessions.node import SessionNode
+from sessions.settings import SessionSettings
 
 from .conftest import EventLog, GatewayUnderTest, LocalTaskSet, request
 

@@ -8,7 +8,8 @@ the harness output tails and the recorded model calls. Nothing goes to Kafka: th
 This is the tool to reach for when a harness misbehaves. Needs root (the sandbox drops to an unprivileged uid),
 bubblewrap, and the harness CLIs (``deploy/harnesses/install.sh``).
 
-Hook: ``floe session …`` -> ``gateway.sessions.cli.session_main(argv)``.
+Hook: ``floe session …`` -> ``sessions.cli.session_main(argv)``. The in-process proxy comes from
+``sessions.gateway_node.local_gateway``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
 import sys
 from pathlib import Path
 from typing import Any, TextIO
@@ -61,17 +61,11 @@ class _Printer:
             self.calls.append(event)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="floe session", description="run agent sessions locally")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run one session and print its transitions, diff and recorded calls")
-    run.add_argument("--harness", required=True, help="preset name (services/gateway/presets/<name>.toml)")
+    run.add_argument("--harness", required=True, help="preset name (services/sessions/presets/<name>.toml)")
     run.add_argument("--task", required=True, help="task instance id")
     run.add_argument("--task-source", default="bundled", help="'bundled' or a SWE-bench JSONL path")
     run.add_argument("--engine-url", default=os.environ.get("FLOE_ENGINE_URL", "http://127.0.0.1:8100"))
@@ -88,11 +82,11 @@ def _parser() -> argparse.ArgumentParser:
 def session_main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
     args = _parser().parse_args(argv)
     out = out or sys.stdout
-    from gateway.sessions.settings import SessionSettings
+    from sessions.settings import SessionSettings
 
     settings = SessionSettings()
     if args.command == "presets":
-        from gateway.sessions.presets import PresetError, load_preset
+        from sessions.presets import PresetError, load_preset
 
         for file in sorted(settings.presets_dir.glob("*.toml")):
             try:
@@ -108,24 +102,26 @@ def session_main(argv: list[str] | None = None, out: TextIO | None = None) -> in
 
 
 async def _run(args: argparse.Namespace, settings: Any, out: TextIO) -> int:
-    import uvicorn
-
-    from gateway import GatewaySettings, create_app
-    from gateway.sessions.link import RegistryGateway
-    from gateway.sessions.node import SessionNode
+    from sessions.gateway_node import local_gateway
 
     printer = _Printer(out, as_json=args.json)
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    app = create_app(GatewaySettings(engine_urls=[args.engine_url], public_url=url, port=port), sink=printer)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
-    serving = asyncio.create_task(server.serve())
-    while not server.started:
-        if serving.done():
-            print("the in-process gateway failed to start", file=sys.stderr)
+    async with contextlib.AsyncExitStack() as stack:
+        try:
+            link = await stack.enter_async_context(local_gateway(args.engine_url, printer))
+        except RuntimeError as exc:
+            print(str(exc), file=sys.stderr)
             return 1
-        await asyncio.sleep(0.02)
-    node = SessionNode(settings, kafka=None, gateway=RegistryGateway(app.state.registry, url))  # type: ignore[arg-type]
+        result = await _run_one(args, settings, link, printer, out)
+    _report(result, printer.calls, out, as_json=args.json)
+    return 0 if result.status is SessionState.DONE else 1
+
+
+async def _run_one(
+    args: argparse.Namespace, settings: Any, link: Any, printer: _Printer, out: TextIO
+) -> SessionFinished:
+    from sessions.node import SessionNode
+
+    node = SessionNode(settings, kafka=None, gateway=link)  # type: ignore[arg-type]
     node.start_local(printer)
     request = SessionRequested(
         session_id=new_session_id(),
@@ -139,17 +135,16 @@ async def _run(args: argparse.Namespace, settings: Any, out: TextIO) -> int:
         tokenization=args.tokenization,
         metadata={"command": args.command} if args.command else {},
     )
-    print(f"session {request.session_id}: {args.harness} on {args.task_source}:{args.task} (gateway {url})", file=out)
+    host, port = link.address
+    print(
+        f"session {request.session_id}: {args.harness} on {args.task_source}:{args.task} (gateway http://{host}:{port})",
+        file=out,
+    )
     try:
         await node.submit(request)
-        result = await node.wait_finished(request.session_id, timeout=args.session_timeout + 60)
+        return await node.wait_finished(request.session_id, timeout=args.session_timeout + 60)
     finally:
         await node.shutdown()
-        server.should_exit = True
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(serving, 10)
-    _report(result, printer.calls, out, as_json=args.json)
-    return 0 if result.status is SessionState.DONE else 1
 
 
 def _report(result: SessionFinished, calls: list[ModelCallRecorded], out: TextIO, *, as_json: bool) -> None:
@@ -173,5 +168,5 @@ def _report(result: SessionFinished, calls: list[ModelCallRecorded], out: TextIO
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``floe session …`` through the floe CLI's delegate table (``"session": "gateway.sessions.cli"``)."""
+    """``floe session …`` through the floe CLI's delegate table (``"session": "sessions.cli"``)."""
     return session_main(argv)

@@ -28,8 +28,8 @@ def default_harness_home() -> Path:
 
 
 def _default_presets_dir() -> Path:
-    # services/gateway/presets, next to the package's src/ in a source checkout.
-    return Path(__file__).resolve().parents[3] / "presets"
+    # services/sessions/presets, next to the package's src/ in a source checkout.
+    return Path(__file__).resolve().parents[2] / "presets"
 
 
 class SessionSettings(BaseSettings):

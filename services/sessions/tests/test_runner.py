@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from contracts import SessionFinished, SessionState
-from gateway.sessions.node import SessionNode
-from gateway.sessions.settings import SessionSettings
+from sessions.node import SessionNode
+from sessions.settings import SessionSettings
 
 from .conftest import EventLog, GatewayUnderTest, LocalTaskSet, request, sandbox_processes
 

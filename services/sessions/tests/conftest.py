@@ -25,13 +25,12 @@ from pydantic import SecretStr
 
 from contracts import SessionFinished, SessionRequested, SessionStateChanged
 from gateway import GatewaySettings, create_app
-from gateway.sessions.link import RegistryGateway
-from gateway.sessions.settings import SessionSettings
+from services.gateway.tests import _fakes
+from services.gateway.tests._fakes import FakeEngine, MemorySink, free_port, serve
+from sessions.gateway_node import RegistryGateway
+from sessions.settings import SessionSettings
 
-from .. import _fakes
-from .._fakes import FakeEngine, MemorySink, free_port, serve
-
-PRESETS_DIR = Path(__file__).resolve().parents[2] / "presets"
+PRESETS_DIR = Path(__file__).resolve().parents[1] / "presets"
 BINARY = bytes(range(256)) * 4
 
 

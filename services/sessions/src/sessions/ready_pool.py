@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 import structlog
 
 from floe_tasks import Task
-from gateway.sessions.metrics import SessionMetrics
-from gateway.sessions.settings import SessionSettings
-from gateway.sessions.workspace import PreparedWorkspace, remove_tree
+from sessions.metrics import SessionMetrics
+from sessions.settings import SessionSettings
+from sessions.workspace import PreparedWorkspace, remove_tree
 
 __all__ = ["PriorityGate", "ReadyPool"]
 

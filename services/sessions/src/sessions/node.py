@@ -49,12 +49,12 @@ from contracts import (
 )
 from eventbus import Consumer, KafkaSettings, Producer, ensure_topics
 from floe_tasks import Task
-from gateway.sessions.metrics import SessionMetrics
-from gateway.sessions.ready_pool import PriorityGate, ReadyPool
-from gateway.sessions.runner import EventSink, SessionGateway, SessionRunner
-from gateway.sessions.settings import SessionSettings
-from gateway.sessions.states import Lifecycle
-from gateway.sessions.workspace import (
+from sessions.metrics import SessionMetrics
+from sessions.ready_pool import PriorityGate, ReadyPool
+from sessions.runner import EventSink, SessionGateway, SessionRunner
+from sessions.settings import SessionSettings
+from sessions.states import Lifecycle
+from sessions.workspace import (
     PreparedWorkspace,
     TaskResolver,
     WorkspaceError,
