@@ -10,7 +10,7 @@ import pytest
 from contracts import MODEL_CALLS
 from eventbus.replay import parse_position
 from floe.cli import _hoist_state_dir, build_parser, main
-from floe.services_cmd import DELEGATES
+from floe.services_cmd import DELEGATES, resolve_alias
 from floe.topics_cmd import resolve_topic
 
 
@@ -81,6 +81,40 @@ def test_delegation_imports_the_service_cli_lazily_and_hands_it_argv(
     assert capsys.readouterr().out == "argv ['grade', '--fast']\n"
     monkeypatch.delitem(sys.modules, "floeprobe_svc.cli")
     monkeypatch.delitem(sys.modules, "floeprobe_svc")
+
+
+def test_tasks_validate_is_an_alias_of_the_scorer_command() -> None:
+    assert resolve_alias(["tasks", "validate", "--no-grade"]) == (
+        "score",
+        ["validate", "--source", "bundled", "--no-grade"],
+    )
+    # options `floe tasks` takes before its subcommand travel with it, after the alias's own default
+    assert resolve_alias(["tasks", "--source", "toy", "validate"]) == (
+        "score",
+        ["validate", "--source", "bundled", "--source", "toy"],
+    )
+    assert resolve_alias(["tasks", "--source=toy", "validate", "--workers", "1"]) == (
+        "score",
+        ["validate", "--source", "bundled", "--source=toy", "--workers", "1"],
+    )
+    assert resolve_alias(["tasks", "--source", "toy", "list"]) is None  # the library's own commands stay its own
+    assert resolve_alias(["tasks", "list"]) is None
+
+
+def test_task_validation_works_under_both_spellings(capsys: pytest.CaptureFixture[str]) -> None:
+    # the real scorer CLI behind the real entry point; --no-grade: data checks only, no sandbox
+    for argv in (
+        ["score", "validate", "--source", "toy", "--no-grade"],
+        ["scorer", "validate", "--source", "toy", "--no-grade"],
+        ["tasks", "--source", "toy", "validate", "--no-grade"],
+        ["tasks", "validate", "--no-grade", "--source", "toy"],
+    ):
+        assert main(argv) == 0, argv
+        assert "structure ok: 25 tasks" in capsys.readouterr().out
+    assert main(["tasks", "validate", "--no-grade"]) == 0  # `floe tasks` still means the bundled set
+    assert "structure ok: 24 tasks" in capsys.readouterr().out
+    assert main(["tasks", "--source", "toy", "list"]) == 0  # not an alias: the library's own command
+    assert len(capsys.readouterr().out.splitlines()) == 25
 
 
 def test_serve_refuses_a_service_without_main_module(capsys: pytest.CaptureFixture[str]) -> None:

@@ -10,6 +10,7 @@
     floe audit                          count over the topics: lost/duplicated trajectories, batches trained twice
     floe <service> …                    that service's own commands (gateway, rollout, scorer, learner,
                                         inference, dashboard, tasks), imported only when used
+    floe score validate                 check a task set, each task by its evaluator (also: floe tasks validate)
 
 Kafka address: --bootstrap, else FLOE_KAFKA_BOOTSTRAP_SERVERS, else the broker of `floe kafka up`, else
 127.0.0.1:9092.
@@ -72,11 +73,12 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     # Library logs (JSON) go to stderr and only from WARNING: stdout is the command's output.
     configure_logging("floe", level=os.environ.get("FLOE_LOG_LEVEL", "WARNING"))
-    # Service subcommands are handed over untouched: their own parser owns everything after the name.
-    if argv and argv[0] in services_cmd.DELEGATES:
-        return services_cmd.delegate(argv[0], argv[1:])
+    # An alias first: it may take over one subcommand of a delegate (`floe tasks validate` is the scorer's).
     alias = services_cmd.resolve_alias(argv)
     if alias is not None:
         return services_cmd.delegate(*alias)
+    # Service subcommands are handed over untouched: their own parser owns everything after the name.
+    if argv and argv[0] in services_cmd.DELEGATES:
+        return services_cmd.delegate(argv[0], argv[1:])
     args = build_parser().parse_args(_hoist_state_dir(argv))
     return int(args.func(args))

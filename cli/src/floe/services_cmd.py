@@ -14,7 +14,7 @@ import os
 import sys
 from collections.abc import Callable
 
-__all__ = ["ALIASES", "DELEGATES", "SERVICES", "add_parser", "delegate", "resolve_alias"]
+__all__ = ["ALIASES", "DELEGATES", "LEADING_OPTIONS", "SERVICES", "add_parser", "delegate", "resolve_alias"]
 
 SERVICES = ("gateway", "sessions", "rollout", "scorer", "learner", "inference", "dashboard")
 # `floe <name> …` -> module whose main(argv) handles the rest of the command line.
@@ -30,18 +30,43 @@ DELEGATES = {
     "score": "scorer.cli",
 }
 
-# Commands that read better at the top level but belong to a service: argv prefix -> (delegate, argv it gets instead).
+# Commands that read better at the top level, or that moved, but belong to a service: argv prefix -> (delegate,
+# argv it gets instead). Aliases are resolved before DELEGATES, so one can take over a delegate's subcommand.
 ALIASES: dict[tuple[str, ...], tuple[str, list[str]]] = {
     ("replay", "rebuild"): ("rollout", ["replay-rebuild"]),
     ("export",): ("rollout", ["export"]),
+    # Task validation is the scorer's (each evaluator checks its own tasks). `floe tasks` always meant the bundled
+    # set unless told otherwise, `floe score` means FLOE_SCORER_TASK_SOURCE: a --source given later still wins.
+    ("tasks", "validate"): ("score", ["validate", "--source", "bundled"]),
 }
+# Options (each with a value) that a delegate takes before its subcommand: an alias still matches past them
+# (`floe tasks --source X validate`), and they are handed on after the replacement.
+LEADING_OPTIONS: dict[str, frozenset[str]] = {"tasks": frozenset({"--source"})}
 
 
 def resolve_alias(argv: list[str]) -> tuple[str, list[str]] | None:
+    argv, lifted = _lift_leading_options(argv)
     for prefix, (name, replacement) in ALIASES.items():
         if tuple(argv[: len(prefix)]) == prefix:
-            return name, [*replacement, *argv[len(prefix) :]]
+            return name, [*replacement, *lifted, *argv[len(prefix) :]]
     return None
+
+
+def _lift_leading_options(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``[cmd, --opt, v, sub, …]`` -> ``([cmd, sub, …], [--opt, v])`` for the options ``LEADING_OPTIONS`` names."""
+    names = LEADING_OPTIONS.get(argv[0], frozenset()) if argv else frozenset()
+    lifted: list[str] = []
+    i = 1
+    while i < len(argv):
+        if argv[i] in names and i + 1 < len(argv):
+            lifted += argv[i : i + 2]
+            i += 2
+        elif argv[i].split("=", 1)[0] in names and "=" in argv[i]:
+            lifted.append(argv[i])
+            i += 1
+        else:
+            break
+    return [*argv[:1], *argv[i:]], lifted
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

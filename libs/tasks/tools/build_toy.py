@@ -1,8 +1,8 @@
 """Build the demo's toy task set: ``floe_tasks/toy/tasks.jsonl`` + ``floe_tasks/toy/repos/floe__toy.bundle``.
 
-Each task is a one-digit arithmetic question graded by the ``answer`` evaluator with partial credit for replying in
-digits (see ``floe_tasks.task.grade_answer``), so a tiny randomly initialised model has a dense enough reward to
-learn from within minutes on a CPU. The repository is a one-file placeholder: the toy agent only writes
+Each task is a one-digit arithmetic question graded by the scorer's ``answer`` evaluator with partial credit for
+replying in digits (see ``scorer.evaluators.answer.score_answer``), so a tiny randomly initialised model has a dense
+enough reward to learn from within minutes on a CPU. The repository is a one-file placeholder: the toy agent only writes
 ``answer.txt``. Deterministic: the same script gives the same bundle bytes (fixed author, dates and content).
 
 Run: python libs/tasks/tools/build_toy.py

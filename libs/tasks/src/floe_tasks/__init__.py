@@ -1,23 +1,15 @@
 """floe task sets: SWE-bench-format instances, the bundled set, and workspace materialization.
 
-Shared by the scorer and the gateway's session runner; depends on no service.
+Data only, shared by the scorer and the session runner; depends on no service. How a task is graded and what makes
+it valid belong to the scorer's evaluator named by ``Task.evaluator`` (``scorer.evaluators``); ``floe score
+validate`` (or ``floe tasks validate``) checks a task set.
 """
 
 from floe_tasks.errors import MaterializeError, TaskError, TaskNotFound, TaskSetError
-from floe_tasks.task import (
-    ANSWER_FILE,
-    DEFAULT_TEST_CMD,
-    Task,
-    answer_from_diff,
-    answer_patch,
-    grade_answer,
-    patch_files,
-    score_answer,
-)
+from floe_tasks.task import DEFAULT_TEST_CMD, Task, patch_files
 from floe_tasks.taskset import BUNDLED_DIR, NAMED_SETS, TOY_DIR, TaskSet
 
 __all__ = [
-    "ANSWER_FILE",
     "BUNDLED_DIR",
     "DEFAULT_TEST_CMD",
     "NAMED_SETS",
@@ -28,9 +20,5 @@ __all__ = [
     "TaskNotFound",
     "TaskSet",
     "TaskSetError",
-    "answer_from_diff",
-    "answer_patch",
-    "grade_answer",
     "patch_files",
-    "score_answer",
 ]

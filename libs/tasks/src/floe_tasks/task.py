@@ -5,12 +5,10 @@ PASS_TO_PASS as JSON-encoded strings or as lists; unknown extra columns are igno
 lives is not part of the instance: the loading ``TaskSet`` attaches it (a git bundle), so ``materialize`` works for
 bundled tasks and for any JSONL that sits next to a ``repos/`` folder of bundles.
 
-Two evaluators exist:
-
-- ``swebench``: the hidden ``test_patch`` is applied and the tests are run; resolved iff every FAIL_TO_PASS and
-  PASS_TO_PASS test passes (graded by the scorer).
-- ``answer``: a toy verifiable task. The agent writes its answer to ``answer.txt`` at the workspace root; the
-  diff is graded by ``grade_answer`` (whitespace-trimmed exact match). No tests run, no sandbox is needed.
+``evaluator`` names the scorer evaluator that grades the task (``swebench`` by default; the demo's toy tasks use
+``answer``). This library only carries the name and the fields evaluators read (``answer``, ``answer_credit``,
+``test_cmd``, ``prepare``, ...): what they mean, and which are required, is the evaluator's (``scorer.evaluators``,
+checked by ``floe score validate``).
 
 Limits: ``materialize`` needs ``git`` on PATH. The materialized tree holds only the base commit (the bundle never
 contains the fix), so the agent cannot find the gold patch or the hidden tests in its history.
@@ -29,19 +27,9 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
 from floe_tasks.errors import MaterializeError
 
-__all__ = [
-    "ANSWER_FILE",
-    "DEFAULT_TEST_CMD",
-    "Task",
-    "answer_from_diff",
-    "answer_patch",
-    "grade_answer",
-    "patch_files",
-    "score_answer",
-]
+__all__ = ["DEFAULT_TEST_CMD", "Task", "patch_files"]
 
 DEFAULT_TEST_CMD = "python -m pytest --no-header -rA --tb=no -p no:cacheprovider"
-ANSWER_FILE = "answer.txt"
 
 _DIFF_HEADER = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.MULTILINE)
 _PLUS_HEADER = re.compile(r"^\+\+\+ b/(\S+)$", re.MULTILINE)
@@ -58,70 +46,6 @@ def patch_files(diff: str) -> list[str]:
         for path in _MINUS_HEADER.findall(diff) + _PLUS_HEADER.findall(diff):
             seen.setdefault(path, None)
     return [p for p in seen if p != "/dev/null"]
-
-
-def answer_from_diff(diff: str, filename: str = ANSWER_FILE) -> str | None:
-    """The content the diff leaves in ``filename`` when it creates or rewrites it; None when it does not touch it.
-
-    Only whole-file content is reconstructed: the added lines of the hunks for that file (a rewrite of a one-line
-    answer file is a ``-old`` / ``+new`` pair, so the added lines are the new content).
-    """
-    lines: list[str] | None = None
-    current: str | None = None
-    for line in diff.splitlines():
-        if line.startswith("diff --git "):
-            current = None
-            continue
-        if line.startswith("+++ "):
-            target = line[4:].strip()
-            current = target[2:] if target.startswith("b/") else target
-            if current == filename:
-                lines = []
-            continue
-        if line.startswith("--- ") or line.startswith("@@"):
-            continue
-        if current == filename and lines is not None and line.startswith("+"):
-            lines.append(line[1:])
-    return None if lines is None else "\n".join(lines)
-
-
-def answer_patch(answer: str, filename: str = ANSWER_FILE) -> str:
-    """The diff an agent produces by writing ``answer`` to ``filename`` (the gold patch of an ``answer`` task)."""
-    lines = answer.splitlines() or [""]
-    body = "".join(f"+{line}\n" for line in lines)
-    return (
-        f"diff --git a/{filename} b/{filename}\nnew file mode 100644\n--- /dev/null\n+++ b/{filename}\n"
-        f"@@ -0,0 +1,{len(lines)} @@\n{body}"
-    )
-
-
-def grade_answer(task: Task, diff: str) -> tuple[bool, str]:
-    """Grade an ``answer`` task: (correct, reason). Whitespace around the answer is ignored, case is not."""
-    if task.answer is None:
-        raise ValueError(f"task {task.instance_id} has no expected answer")
-    given = answer_from_diff(diff)
-    if given is None:
-        return False, f"the diff does not write {ANSWER_FILE}"
-    if given.strip() == task.answer.strip():
-        return True, "answer matches"
-    return False, "answer does not match"
-
-
-def score_answer(task: Task, diff: str) -> tuple[float, bool, str]:
-    """Reward of an ``answer`` task: (reward, correct, reason).
-
-    ``answer_credit="exact"``: 1 if correct, else 0. ``"digits"`` (the demo's toy tasks) adds partial credit so a tiny
-    random model has a dense enough signal: a wrong answer earns 0.5 x the fraction of its characters that are digits
-    (an empty answer earns 0). A correct answer always earns 1.
-    """
-    correct, reason = grade_answer(task, diff)
-    if correct or task.answer_credit == "exact":
-        return (1.0 if correct else 0.0), correct, reason
-    given = (answer_from_diff(diff) or "").strip()
-    if not given:
-        return 0.0, False, reason
-    fraction = sum(ch.isdigit() for ch in given) / len(given)
-    return round(0.5 * fraction, 6), False, f"{reason}; partial credit for digits {fraction:.2f}"
 
 
 def _git(args: list[str], cwd: Path | None = None) -> str:
@@ -151,7 +75,7 @@ class Task(BaseModel):
     environment_setup_commit: str = ""
     hints_text: str = ""
     # floe fields
-    evaluator: Literal["swebench", "answer"] = "swebench"
+    evaluator: str = Field(default="swebench", description="the scorer evaluator that grades this task, by name")
     test_cmd: str = DEFAULT_TEST_CMD
     prepare: list[str] = Field(default_factory=list, description="shell commands run in the testbed before tests")
     answer: str | None = None
@@ -190,13 +114,14 @@ class Task(BaseModel):
         """Create a git working tree of the repository at ``base_commit`` in ``dest`` (absent or empty) and return it.
 
         The tree has no remote and no history beyond what the bundle holds (the base commit); the hidden test patch
-        and the gold patch are not in it. ``answer`` tasks without a snapshot get an empty repository with one commit.
+        and the gold patch are not in it. A task without a snapshot that names no ``base_commit`` (a task that needs
+        no repository, such as an ``answer`` task) gets an empty repository with one commit.
         """
         dest = Path(dest)
         if dest.exists() and any(dest.iterdir()):
             raise MaterializeError(f"{dest} exists and is not empty")
         if self._snapshot is None:
-            if self.evaluator != "answer":
+            if self.base_commit:  # a commit to check out, and nothing to check it out from
                 raise MaterializeError(f"task {self.instance_id} has no repository snapshot (no bundle found)")
             dest.mkdir(parents=True, exist_ok=True)
             _git(["init", "-q", "-b", "main", str(dest)])

@@ -2,6 +2,10 @@
 
 Also ``--probe`` (report the isolation level that works here). Settings come from ``FLOE_SCORER_*``; ``--backend``
 and ``--timeout`` override them. Exit status: 0 resolved, 1 unresolved, 2 error or bad usage.
+
+``floe score validate``: check a task set, each task by its evaluator: its data first, then (unless ``--no-grade``)
+the evaluator's gold / empty / test-patch-only diffs graded in the sandbox. Exit status: 0 valid, 1 a task failed,
+2 error. ``floe tasks validate`` is the same command (an alias of the ``floe`` CLI).
 """
 
 from __future__ import annotations
@@ -9,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 from contracts import Outcome
@@ -16,12 +21,21 @@ from floe_tasks import TaskError
 from scorer.errors import ScorerError
 from scorer.factory import load_taskset, make_grader
 from scorer.settings import ScorerSettings
+from scorer.validation import task_problems, validate_taskset
 
 __all__ = ["main"]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="floe score", description="grade one diff against one task")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # A subcommand in front of the grade options, so that `floe score --task … --diff …` keeps its spelling.
+    if argv[:1] == ["validate"]:
+        return _validate(argv[1:])
+    parser = argparse.ArgumentParser(
+        prog="floe score",
+        description="grade one diff against one task",
+        epilog="floe score validate --help: validate a task set",
+    )
     parser.add_argument("--task", help="instance id")
     parser.add_argument("--diff", help="diff file ('-' for stdin)")
     parser.add_argument("--source", default=None, help="'bundled' or a SWE-bench JSONL (default: settings)")
@@ -65,6 +79,48 @@ def main(argv: list[str] | None = None) -> int:
     if args.log:
         print(result.log_tail)
     return {Outcome.RESOLVED: 0, Outcome.UNRESOLVED: 1}.get(result.outcome, 2)
+
+
+def _validate(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="floe score validate", description="check every task by its evaluator, then grade its checks"
+    )
+    parser.add_argument("--source", default=None, help="'bundled', 'toy' or a SWE-bench JSONL (default: settings)")
+    parser.add_argument("--no-grade", action="store_true", help="data checks only")
+    parser.add_argument("--no-cache", action="store_true", help="regrade even if this digest validated before")
+    parser.add_argument("--workers", type=int, default=0)
+    args = parser.parse_args(argv)
+    t0 = time.monotonic()
+    try:
+        # The data checks read the scorer's settings only for the default source: they run no sandbox.
+        settings = None if args.no_grade else ScorerSettings()
+        ts = load_taskset(args.source or (settings or ScorerSettings()).task_source)
+        failed = 0
+        for task in ts:
+            for problem in task_problems(task):
+                failed += 1
+                print(f"FAIL {task.instance_id}: {problem}")
+        if failed:
+            return 1
+        print(f"structure ok: {len(ts)} tasks ({time.monotonic() - t0:.1f}s)")
+        if settings is None:  # --no-grade
+            return 0
+        grader, probe = make_grader(settings)
+    except (TaskError, ScorerError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    rows = validate_taskset(
+        ts, grader, workers=args.workers or settings.workers, cache_dir=None if args.no_cache else settings.work_dir
+    )
+    bad = [r for r in rows if not r.ok]
+    for row in rows:
+        status = "ok  " if row.ok else "FAIL"
+        print(
+            f"{status} {row.instance_id} {row.verdicts} {row.seconds:.1f}s"
+            + (f" {row.problems}" if row.problems else "")
+        )
+    print(f"graded {len(rows)} tasks in {time.monotonic() - t0:.1f}s (isolation {probe.level}): {len(bad)} failing")
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":

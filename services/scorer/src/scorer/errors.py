@@ -3,12 +3,13 @@
 ::
 
     ScorerError
-     └── IsolationUnavailable   (bwrap does not work and unsandboxed grading is not allowed)
+     ├── IsolationUnavailable   (bwrap does not work and unsandboxed grading is not allowed)
+     └── UnknownEvaluator       (a task names an evaluator the registry does not have)
 """
 
 from __future__ import annotations
 
-__all__ = ["IsolationUnavailable", "ScorerError"]
+__all__ = ["IsolationUnavailable", "ScorerError", "UnknownEvaluator"]
 
 
 class ScorerError(Exception):
@@ -16,4 +17,8 @@ class ScorerError(Exception):
 
 
 class IsolationUnavailable(ScorerError):
+    pass
+
+
+class UnknownEvaluator(ScorerError):
     pass

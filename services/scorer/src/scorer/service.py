@@ -40,8 +40,9 @@ from contracts import (
 from eventbus import KafkaSettings, TransactionalProcessor, ensure_topics
 from eventbus.replay import Position, replay
 from floe_tasks import TaskError, TaskSet
+from scorer.evaluators import GradeResult
 from scorer.factory import load_taskset
-from scorer.grader import Grader, GradeResult
+from scorer.grader import Grader
 
 __all__ = ["ScorerService", "reward_for"]
 

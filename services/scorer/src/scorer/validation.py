@@ -1,8 +1,10 @@
-"""Task-set validation by grading: for every instance, gold -> resolved, empty diff -> unresolved, test patch
-alone -> unresolved. Runs instances concurrently; results are cached by task-set digest (and the grading
-configuration), so a restart or a second ``make test`` run does not regrade an unchanged set.
+"""Task-set validation, by each task's evaluator (``scorer.evaluators``).
 
-``floe_tasks.cli`` (``floe tasks validate``) loads this module lazily: the task library stays free of services.
+``task_problems``: what is wrong with a task's data (no grading). ``validate_taskset``: grade the evaluator's
+``checks`` for every instance (``swebench``: gold -> resolved, empty diff -> unresolved, test patch alone ->
+unresolved; ``answer``: gold -> resolved, empty -> unresolved). Runs instances concurrently; results are cached by
+task-set digest (and the grading configuration), so a restart or a second ``make test`` run does not regrade an
+unchanged set. ``floe score validate`` (also spelled ``floe tasks validate``) runs both.
 """
 
 from __future__ import annotations
@@ -15,12 +17,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from contracts import Outcome
-from floe_tasks import Task, TaskSet, answer_patch
+from floe_tasks import Task, TaskSet
+from scorer.errors import UnknownEvaluator
+from scorer.evaluators import get_evaluator
 from scorer.grader import Grader
 
-__all__ = ["CHECKS", "InstanceValidation", "validate_taskset"]
-
-CHECKS = ("gold", "empty", "test_patch_only")
+__all__ = ["InstanceValidation", "task_problems", "validate_taskset"]
 
 
 @dataclass
@@ -32,15 +34,23 @@ class InstanceValidation:
     seconds: float
 
 
+def task_problems(task: Task) -> list[str]:
+    """What is wrong with the task's data by its evaluator's rules, one line per problem."""
+    try:
+        return get_evaluator(task.evaluator).validate(task)
+    except UnknownEvaluator as exc:
+        return [str(exc)]
+
+
 def _validate_one(grader: Grader, task: Task) -> InstanceValidation:
     t0 = time.monotonic()
     problems: list[str] = []
     verdicts: dict[str, str] = {}
-    if task.evaluator == "answer":
-        diffs = {"gold": task.patch or answer_patch(task.answer or ""), "empty": ""}
-    else:
-        diffs = {"gold": task.patch, "empty": "", "test_patch_only": task.test_patch}
-    for check, diff in diffs.items():
+    try:
+        checks = get_evaluator(task.evaluator).checks(task)
+    except UnknownEvaluator as exc:
+        return InstanceValidation(task.instance_id, False, {}, [str(exc)], 0.0)
+    for check, diff in checks.items():
         res = grader.grade(task, diff, run_empty=True)
         verdicts[check] = res.outcome.value
         want = Outcome.RESOLVED if check == "gold" else Outcome.UNRESOLVED

@@ -1,0 +1,119 @@
+"""The ``swebench`` evaluator: SWE-bench 5.0.2's verdict on a diff, from one eval-script run in the sandbox.
+
+Outcomes (``contracts.Outcome``):
+
+- ``resolved`` (reward 1): every FAIL_TO_PASS and PASS_TO_PASS test passes.
+- ``unresolved`` (reward 0): anything the diff is responsible for: empty, too large, does not apply, tests fail,
+  no parseable results (e.g. ``os._exit`` at import), forged results, CPU or wall-clock limit hit.
+- ``error`` (reward 0, masked by training): the sandbox did not start (the grader adds: task or snapshot missing,
+  an unexpected exception).
+
+A timeout is ``unresolved``, not ``error`` (unlike SWE-bench's harness, which writes no report): under RL a diff
+that hangs must not escape its negative reward by being masked. Gold validation guarantees the gold patch finishes
+well inside the limit.
+
+Validation: a repository snapshot that checks out, FAIL_TO_PASS non-empty, a gold patch free of test files and a
+test patch of test files only; then gold -> resolved, empty -> unresolved, test patch alone -> unresolved.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+from contracts import Outcome
+from floe_tasks import Task, TaskError, patch_files
+from scorer.evalscript import APPLIED_PREFIX, SANDBOX_UP
+from scorer.evaluators.base import EvalRunner, GradeResult
+from scorer.grading import APPLY_FAILED, TESTS_TIMED_OUT, get_eval_report
+
+__all__ = ["SwebenchEvaluator"]
+
+
+def _is_test_path(path: str) -> bool:
+    name = path.rsplit("/", 1)[-1]
+    return "tests/" in f"/{path}" or name.startswith("test_") or name.endswith("_test.py") or name == "conftest.py"
+
+
+class SwebenchEvaluator:
+    def grade(self, task: Task, diff: str, runner: EvalRunner, *, run_empty: bool = False) -> GradeResult:
+        iid = task.instance_id
+        size = len(diff.encode("utf-8", errors="replace"))
+        if size > runner.max_diff_bytes:
+            return GradeResult(iid, Outcome.UNRESOLVED, 0.0, False, f"diff too large ({size} bytes)", "rejected")
+        empty = not diff.strip()
+        if empty and not run_empty:
+            return GradeResult(iid, Outcome.UNRESOLVED, 0.0, False, "empty patch", "empty")
+        if "\x00" in diff:
+            return GradeResult(iid, Outcome.UNRESOLVED, 0.0, False, "diff contains NUL bytes", "rejected")
+
+        res = runner.run_eval(task, diff, apply_patch=not empty)
+        timings = dict(res.timings_ms)
+        out = res.output
+        tail = out[-4000:]
+        if SANDBOX_UP not in out:
+            return GradeResult(
+                iid,
+                Outcome.ERROR,
+                0.0,
+                False,
+                f"sandbox did not start (rc={res.returncode}): {out.strip()[-300:]}",
+                timings_ms=timings,
+                isolation=res.isolation,
+                log_tail=tail,
+            )
+        apply_status = "empty" if empty else "failed"
+        for line in out.splitlines():
+            if line.startswith(APPLIED_PREFIX):
+                apply_status = line[len(APPLIED_PREFIX) :].strip()
+        if res.timed_out:
+            out += f"\n{TESTS_TIMED_OUT}\nTimeout error: {res.wall_s} seconds exceeded.\n"
+        t = time.monotonic()
+        report = get_eval_report(out, task.FAIL_TO_PASS, task.PASS_TO_PASS)
+        timings["grade"] = round((time.monotonic() - t) * 1000, 1)
+        if res.timed_out:
+            reason = f"tests timed out after {res.wall_s:g}s"
+        elif APPLY_FAILED in out:
+            reason = "patch did not apply"
+        elif not report.found and res.returncode is not None and res.returncode < 0:
+            reason = f"killed by signal {-res.returncode} ({report.reason})"
+        else:
+            reason = report.reason
+        return GradeResult(
+            iid,
+            Outcome.RESOLVED if report.resolved else Outcome.UNRESOLVED,
+            1.0 if report.resolved else 0.0,
+            report.resolved,
+            reason,
+            apply_status=apply_status,
+            tests=report.tests,
+            fail_to_pass={"success": report.f2p_success, "failure": report.f2p_failure},
+            pass_to_pass={"success": report.p2p_success, "failure": report.p2p_failure},
+            timings_ms=timings,
+            isolation=res.isolation,
+            log_tail=tail,
+        )
+
+    def validate(self, task: Task) -> list[str]:
+        problems: list[str] = []
+        if task.snapshot is None:
+            problems.append("no repository snapshot (bundle) found")
+        if not task.FAIL_TO_PASS:
+            problems.append("FAIL_TO_PASS is empty")
+        if not task.patch.strip() or not task.test_patch.strip():
+            problems.append("patch or test_patch is empty")
+        if [p for p in patch_files(task.patch) if _is_test_path(p)]:
+            problems.append("gold patch touches test files")
+        if [p for p in patch_files(task.test_patch) if not _is_test_path(p)]:
+            problems.append("test_patch touches non-test files")
+        if task.snapshot is not None:
+            with tempfile.TemporaryDirectory() as tmp:
+                try:
+                    task.materialize(Path(tmp) / "w")
+                except TaskError as exc:
+                    problems.append(f"cannot materialize: {exc}")
+        return problems
+
+    def checks(self, task: Task) -> dict[str, str]:
+        return {"gold": task.patch, "empty": "", "test_patch_only": task.test_patch}

@@ -1,0 +1,91 @@
+"""The evaluator registry and the ``answer`` evaluator (the ``swebench`` one is graded for real in the other files)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from contracts import Outcome
+from floe_tasks import NAMED_SETS, Task, TaskSet
+from scorer.errors import UnknownEvaluator
+from scorer.evaluators import EVALUATORS, get_evaluator
+from scorer.evaluators.answer import answer_from_diff, answer_patch, grade_answer, score_answer
+from scorer.grader import Grader
+from scorer.sandbox import BareSandbox, Limits
+from scorer.validation import task_problems, validate_taskset
+
+
+@pytest.fixture
+def bare_grader(tmp_path: Path) -> Grader:
+    # Only for paths that never run the sandbox (answer tasks, unknown evaluators): no bwrap probe needed.
+    return Grader(BareSandbox(), None, tmp_path / "work", Limits(wall_s=10))
+
+
+def _task(evaluator: str, **fields: object) -> Task:
+    return Task.model_validate({"instance_id": "t__x-1", "problem_statement": "p", "evaluator": evaluator, **fields})
+
+
+@pytest.mark.parametrize("name", sorted(NAMED_SETS))
+def test_every_evaluator_of_the_shipped_sets_is_registered(name: str) -> None:
+    used = {task.evaluator for task in TaskSet.from_source(name)}
+    assert used and used <= set(EVALUATORS)
+
+
+def test_unknown_evaluator_is_a_clear_error_naming_the_known_ones(bare_grader: Grader) -> None:
+    with pytest.raises(UnknownEvaluator, match=r"unknown evaluator 'nope' \(known: answer, swebench\)"):
+        get_evaluator("nope")
+    task = _task("nope")
+    assert task_problems(task) == ["unknown evaluator 'nope' (known: answer, swebench)"]
+    result = bare_grader.grade(task, "diff")
+    assert result.outcome is Outcome.ERROR and result.reward == 0.0
+    assert result.reason == "task error: unknown evaluator 'nope' (known: answer, swebench)"
+    (row,) = validate_taskset(TaskSet([task]), bare_grader)
+    assert not row.ok and row.problems == ["unknown evaluator 'nope' (known: answer, swebench)"]
+
+
+def test_each_evaluator_checks_its_own_task_data() -> None:
+    assert task_problems(_task("answer")) == ["answer task without 'answer'"]
+    assert task_problems(_task("answer", answer="5")) == []
+    # a commit to check out and no snapshot to check it out from: the agent would get no workspace
+    assert task_problems(_task("answer", answer="5", base_commit="0" * 40))[0].startswith("cannot materialize")
+    swe = task_problems(_task("swebench"))
+    assert "no repository snapshot (bundle) found" in swe and "FAIL_TO_PASS is empty" in swe
+    assert all(task_problems(task) == [] for task in TaskSet.from_source("toy"))
+
+
+def test_answer_is_read_from_the_diff(tmp_path: Path) -> None:
+    task = _task("answer", answer="5")
+    tree = task.materialize(tmp_path / "toy")
+    (tree / "answer.txt").write_text("5\n")
+    subprocess.run(["git", "add", "-N", "."], cwd=tree, check=True)
+    diff = subprocess.run(["git", "diff"], cwd=tree, capture_output=True, text=True).stdout
+    assert answer_from_diff(diff) == "5"
+    assert grade_answer(task, diff) == (True, "answer matches")
+    assert grade_answer(task, diff.replace("+5", "+6"))[0] is False
+    assert grade_answer(task, "")[0] is False
+    assert grade_answer(task, answer_patch("5"))[0] is True
+    assert answer_from_diff(answer_patch("a\nb")) == "a\nb"
+    rewrite = "--- a/answer.txt\n+++ b/answer.txt\n@@ -1 +1 @@\n-4\n+ 5 \n"
+    assert grade_answer(task, rewrite)[0] is True
+
+
+def test_digit_credit_is_dense_and_exact_answer_wins() -> None:
+    task = TaskSet.from_source("toy").get("floe__toy-add-2-3")
+    assert score_answer(task, answer_patch("5"))[:2] == (1.0, True)
+    assert score_answer(task, answer_patch("7"))[:2] == (0.5, False)
+    assert score_answer(task, answer_patch("7a"))[:2] == (0.25, False)
+    assert score_answer(task, answer_patch("five"))[:2] == (0.0, False)
+    assert score_answer(task, "")[:2] == (0.0, False)
+    exact = task.model_copy(update={"answer_credit": "exact"})
+    assert score_answer(exact, answer_patch("7"))[:2] == (0.0, False)
+
+
+def test_answer_tasks_grade_without_the_sandbox(bare_grader: Grader) -> None:
+    task = TaskSet.from_source("toy").get("floe__toy-add-2-3")
+    right = bare_grader.grade(task, answer_patch("5"))
+    assert (right.outcome, right.reward, right.apply_status) == (Outcome.RESOLVED, 1.0, "not applicable")
+    wrong = bare_grader.grade(task, answer_patch("7"))
+    assert (wrong.outcome, wrong.reward) == (Outcome.UNRESOLVED, 0.5)
+    assert not (bare_grader.work_dir / "src").exists()  # nothing was materialized for a sandbox
