@@ -38,13 +38,8 @@ def _sessions(path: Path) -> list[list[ModelCallRecorded]]:
 
 def _sequences(calls: list[ModelCallRecorded]) -> dict[int, list[int]]:
     """call_index -> full prompt + completion, undoing the gateway's delta encoding."""
-    seq: dict[int, list[int]] = {}
-    for c in calls:
-        base = seq[c.prefix_call_index][: c.prefix_len] if c.prefix_call_index is not None else []
-        prompt = base + list(c.prompt_token_ids)
-        assert len(prompt) == c.prompt_len, (c.session_id, c.call_index)
-        seq[c.call_index] = prompt + list(c.completion_token_ids)
-    return seq
+    prompts = contracts.decode_prompts(calls)
+    return {c.call_index: [*p, *c.completion_token_ids] for c, p in zip(calls, prompts, strict=True)}
 
 
 def test_every_harness_and_mode_is_recorded() -> None:

@@ -1,10 +1,11 @@
 """Learner benchmark: training wall-clock on the same sessions built ``per_request`` vs ``prefix_merging``, on CPU.
 
-The same synthetic multi-turn agent sessions (``learner.synthetic``: every call's prompt extends the previous
-call's prompt + completion + tool output, as a real agent's does) are turned into the two batch forms of
-polar.md §3.2 / §3.3 — one row per call with its full prompt, or one merged row per session whose tool/template
-tokens are masked — and the real ``Learner.step`` trains on each (same model, same settings, fresh checkpoint
-dir). Both forms carry exactly the same trainable tokens; per_request re-processes every growing prefix.
+The same synthetic multi-turn agent sessions (the learner tests' ``services/learner/tests/synthetic.py``: every
+call's prompt extends the previous call's prompt + completion + tool output, as a real agent's does) are turned into
+the two batch forms of polar.md §3.2 / §3.3 — one row per call with its full prompt, or one merged row per session
+whose tool/template tokens are masked — and the real ``Learner.step`` trains on each (same model, same settings,
+fresh checkpoint dir). Both forms carry exactly the same trainable tokens; per_request re-processes every growing
+prefix.
 
 Prints tokens processed, trainable tokens, wall-clock per step and the ratio. Default: a small Qwen2-style model
 (hidden 128, 4 layers, vocab 512), 4 groups x 4 sessions x 8 turns, 3 measured steps per form after a warm-up.
@@ -13,10 +14,11 @@ Prints tokens processed, trainable tokens, wall-clock per step and the ratio. De
 
 ``--recordings DIR`` trains instead on recorded harness sessions (``bench/recordings``: real CLIs through the real
 gateway): each session is rebuilt by ``rollout.builders`` (``per_request`` and ``prefix_merging``), turned into
-``TRAJECTORY_SCHEMA`` rows (advantage +1/-1 alternating by session, session_weight 1/num_traces), and the learner trains
-on all selected sessions in one batch per form. The model uses the recordings' vocabulary (the dev tokenizer, 2048).
-Default selection ``--harness pi --mode exact`` keeps the run under ~3 minutes on 2 shared cores (Codex's 16k and
-Claude Code's ~50k-token prompts make a per_request step take many minutes on CPU; select them explicitly).
+``contracts.TrajectoryRow`` rows (advantage +1/-1 alternating by session, session_weight 1/num_traces), and the
+learner trains on all selected sessions in one batch per form. The model uses the recordings' vocabulary (the dev
+tokenizer, 2048). Default selection ``--harness pi --mode exact`` keeps the run under ~3 minutes on 2 shared cores
+(Codex's 16k and Claude Code's ~50k-token prompts make a per_request step take many minutes on CPU; select them
+explicitly).
 
     .venv/bin/python bench/learner/run.py --recordings bench/recordings/data [--harness pi codex] [--mode exact]
 """
@@ -34,45 +36,47 @@ from typing import Any
 
 import torch
 
-from contracts import to_ipc
+# The synthetic sessions and tiny model are the learner tests' fixture (services/learner/tests/synthetic.py).
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "services" / "learner" / "tests"))
+
+from synthetic import per_request_rows, prefix_merging_rows, save_tiny_model, synthetic_sessions
+
+from contracts import TrajectoryRow, to_ipc
 from eventbus import configure_logging
 from learner import Learner, LearnerSettings
-from learner.synthetic import per_request_rows, prefix_merging_rows, save_tiny_model, synthetic_sessions
 
 RECORDED_VOCAB = 2048  # the dev tokenizer's (``floe inference init-model``), which the recordings use
 
 
-def recorded_rows(sessions: list[list[Any]], builder: str, harness: str) -> list[dict[str, Any]]:
-    """``TRAJECTORY_SCHEMA`` rows of recorded sessions rebuilt by ``rollout.builders`` (the rollout's own builders)."""
+def recorded_rows(sessions: list[list[Any]], builder: str, harness: str) -> list[TrajectoryRow]:
+    """Trajectory rows of recorded sessions rebuilt by ``rollout.builders`` (the rollout's own builders)."""
     from rollout.builders import build_trajectories
 
-    rows: list[dict[str, Any]] = []
+    rows: list[TrajectoryRow] = []
     for i, calls in enumerate(sessions):
         traces = build_trajectories(calls, builder).traces
         advantage = 1.0 if i % 2 == 0 else -1.0
         sid = calls[0].session_id
         for j, t in enumerate(traces):
             rows.append(
-                {
-                    "trajectory_id": f"{sid}/{j}",
-                    "session_id": sid,
-                    "group_id": f"{harness}-group",
-                    "task_id": f"{harness}-task",
-                    "harness": harness,
-                    "builder": builder,
-                    "trace_index": j,
-                    "num_traces": len(traces),
-                    "prompt_len": t.prompt_len,
-                    "tokens": list(t.tokens),
-                    "loss_mask": list(t.loss_mask),
-                    "logprobs": list(t.logprobs),
-                    "weight_versions": list(t.weight_versions),
-                    "reward": max(advantage, 0.0),
-                    "advantage": advantage,
-                    "session_weight": 1.0 / len(traces),
-                    "status": "DONE",
-                    "masked_reason": None,
-                }
+                TrajectoryRow(
+                    session_id=sid,
+                    group_id=f"{harness}-group",
+                    task_id=f"{harness}-task",
+                    harness=harness,
+                    builder=builder,
+                    trace_index=j,
+                    num_traces=len(traces),
+                    prompt_len=t.prompt_len,
+                    tokens=t.tokens,
+                    loss_mask=t.loss_mask,
+                    logprobs=t.logprobs,
+                    weight_versions=t.weight_versions,
+                    reward=max(advantage, 0.0),
+                    advantage=advantage,
+                    session_weight=1.0 / len(traces),
+                    status="DONE",
+                )
             )
     return rows
 

@@ -20,16 +20,21 @@ from __future__ import annotations
 
 import argparse
 import random
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
+# trajectory_row is the learner tests' fixture (services/learner/tests/synthetic.py).
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "services" / "learner" / "tests"))
+
+from synthetic import trajectory_row
+
 from contracts import to_ipc
 from eventbus import configure_logging
 from learner import Learner, LearnerSettings
-from learner.synthetic import trajectory_row
 
 PEAK_BF16_TFLOPS = {"H200": 989.4, "H100": 989.4, "A100": 312.0, "L40S": 362.0, "A10G": 125.0, "L4": 121.0}
 

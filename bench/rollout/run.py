@@ -8,9 +8,10 @@ forward/backward pays for), trainable tokens (identical by construction: the sam
 chains/breaks, and builder throughput (calls/s and trainer tokens/s, median of ``--repeat`` runs); then the ratios
 per_request ÷ prefix_merging.
 
-Generated sessions (``rollout.simulate``) are synthetic: ChatML-like renders with a Codex-sized system prompt, mostly
-tool-calling turns, rare truncated answers, compactions, sub-agents and history rewrites. They are a stand-in until
-recordings through real harnesses exist; pass ``--jsonl`` to measure recordings instead.
+Generated sessions (``services/rollout/tests/simulate.py``, a test fixture) are synthetic: ChatML-like renders with a
+Codex-sized system prompt, mostly tool-calling turns, rare truncated answers, compactions, sub-agents and history
+rewrites. They are a stand-in until recordings through real harnesses exist; pass ``--jsonl`` to measure recordings
+instead.
 """
 
 from __future__ import annotations
@@ -24,10 +25,14 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+# The session simulator is a fixture of the rollout's tests (services/rollout/tests/simulate.py), not service code.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "services" / "rollout" / "tests"))
+
+from simulate import random_ops, simulate_session
+
 from contracts import ModelCallRecorded, TokenizationMode
 from rollout.builders import build_trajectories
 from rollout.replay import load_events_jsonl
-from rollout.simulate import random_ops, simulate_session
 from rollout.trace import ReconstructionStats
 
 BUILDERS = ("per_request", "prefix_merging")

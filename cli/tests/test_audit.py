@@ -28,6 +28,7 @@ from contracts import (
     SessionState,
     Topic,
     TrajectoryBatch,
+    TrajectoryRow,
     WeightsPublished,
     to_ipc,
 )
@@ -74,26 +75,24 @@ def session(sid: str, gid: str, reward: float = 0.5) -> list[tuple[Topic[Any], E
 
 def batch(batch_id: str, rows: list[tuple[str, str]]) -> TrajectoryBatch:
     table = [
-        {
-            "trajectory_id": f"{sid}/0",
-            "session_id": sid,
-            "group_id": gid,
-            "task_id": "t",
-            "harness": "toy",
-            "builder": "prefix_merging",
-            "trace_index": 0,
-            "num_traces": 1,
-            "prompt_len": 2,
-            "tokens": [1, 2, 3, 4],
-            "loss_mask": [0, 0, 1, 1],
-            "logprobs": [0.0, 0.0, -0.5, -0.5],
-            "weight_versions": [-1, -1, 1, 1],
-            "reward": 0.5,
-            "advantage": 0.0,
-            "session_weight": 1.0,
-            "status": "DONE",
-            "masked_reason": None,
-        }
+        TrajectoryRow(
+            session_id=sid,
+            group_id=gid,
+            task_id="t",
+            harness="toy",
+            builder="prefix_merging",
+            trace_index=0,
+            num_traces=1,
+            prompt_len=2,
+            tokens=(1, 2, 3, 4),
+            loss_mask=(0, 0, 1, 1),
+            logprobs=(0.0, 0.0, -0.5, -0.5),
+            weight_versions=(-1, -1, 1, 1),
+            reward=0.5,
+            advantage=0.0,
+            session_weight=1.0,
+            status="DONE",
+        )
         for sid, gid in rows
     ]
     ipc = to_ipc(table)

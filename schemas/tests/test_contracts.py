@@ -21,10 +21,12 @@ from contracts import (
     SessionState,
     SessionStateChanged,
     TrajectoryBatch,
+    TrajectoryRow,
     decode,
     encode,
     read_ipc,
     to_ipc,
+    trajectory_table,
 )
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -105,28 +107,26 @@ def test_state_transitions_follow_the_table() -> None:
         )
 
 
-def _rows(n: int, length: int) -> list[dict[str, object]]:
+def _rows(n: int, length: int) -> list[TrajectoryRow]:
     return [
-        {
-            "trajectory_id": f"s{i}/0",
-            "session_id": f"s{i}",
-            "group_id": "g",
-            "task_id": "t",
-            "harness": "pi",
-            "builder": "prefix_merging",
-            "trace_index": 0,
-            "num_traces": 1,
-            "prompt_len": 3,
-            "tokens": list(range(length)),
-            "loss_mask": [0, 0, 0] + [1] * (length - 3),
-            "logprobs": [0.0] * 3 + [-0.5] * (length - 3),
-            "weight_versions": [-1] * 3 + [2] * (length - 3),
-            "reward": 1.0,
-            "advantage": 0.5,
-            "session_weight": 1.0,
-            "status": "DONE",
-            "masked_reason": None,
-        }
+        TrajectoryRow(
+            session_id=f"s{i}",
+            group_id="g",
+            task_id="t",
+            harness="pi",
+            builder="prefix_merging",
+            trace_index=0,
+            num_traces=1,
+            prompt_len=3,
+            tokens=tuple(range(length)),
+            loss_mask=(0, 0, 0) + (1,) * (length - 3),
+            logprobs=(0.0,) * 3 + (-0.5,) * (length - 3),
+            weight_versions=(-1,) * 3 + (2,) * (length - 3),
+            reward=1.0,
+            advantage=0.5,
+            session_weight=1.0,
+            status="DONE",
+        )
         for i in range(n)
     ]
 
@@ -172,14 +172,15 @@ def test_trajectory_batch_needs_exactly_one_payload() -> None:
         TrajectoryBatch(uri="file:///x", **kw)  # type: ignore[arg-type]
 
 
-def test_misaligned_arrow_rows_are_rejected() -> None:
-    rows = _rows(1, 10)
-    rows[0]["logprobs"] = [0.0]
+def test_misaligned_arrow_tables_are_rejected() -> None:
+    # Tables that did not come from TrajectoryRow (another producer, the wire) are checked too.
+    raw = trajectory_table(_rows(1, 10)).to_pylist()
+    raw[0]["logprobs"] = [0.0]
     with pytest.raises(DecodeError, match="aligned"):
-        to_ipc(rows)
+        to_ipc(pa.Table.from_pylist(raw, schema=TRAJECTORY_SCHEMA))
     with pytest.raises(DecodeError):
         read_ipc(b"garbage")
-    bad = pa.Table.from_pylist(_rows(1, 5), schema=TRAJECTORY_SCHEMA.with_metadata({b"floe.schema_version": b"9"}))
+    bad = trajectory_table(_rows(1, 5)).replace_schema_metadata({b"floe.schema_version": b"9"})
     with pytest.raises(SchemaVersionError):
         to_ipc(bad)
 
@@ -200,11 +201,14 @@ def test_topic_registry_is_consistent() -> None:
 def test_public_surface_is_curated() -> None:
     exported = set(contracts.__all__)
     public = {name for name in vars(contracts) if not name.startswith("_")} - {
+        "advantages",
         "arrow",
         "codec",
         "errors",
         "events",
         "ids",
+        "prompt_delta",
+        "providers",
         "topics",
     }
     assert exported == public, f"__all__ drifted: {sorted(exported ^ public)}"

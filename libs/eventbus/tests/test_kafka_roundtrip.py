@@ -20,10 +20,11 @@ from contracts import (
     RewardPublished,
     Topic,
     TrajectoryBatch,
+    TrajectoryRow,
     read_ipc,
     to_ipc,
+    trajectory_table,
 )
-from contracts.arrow import TRAJECTORY_SCHEMA
 from eventbus import Consumer, KafkaSettings, MessageTooLarge, Producer, SerializationFailed
 from eventbus.replay import replay
 
@@ -73,30 +74,28 @@ def _big_table(rows: int, tokens: int) -> pa.Table:
     rng = random.Random(7)
     data = []
     for i in range(rows):
-        ids = [rng.getrandbits(24) for _ in range(tokens)]
+        ids = tuple(rng.getrandbits(24) for _ in range(tokens))
         data.append(
-            {
-                "trajectory_id": f"s-{i}/0",
-                "session_id": f"s-{i}",
-                "group_id": f"g-{i // 8}",
-                "task_id": "task",
-                "harness": "pi",
-                "builder": "per_request",
-                "trace_index": 0,
-                "num_traces": 1,
-                "prompt_len": tokens // 2,
-                "tokens": ids,
-                "loss_mask": [0] * (tokens // 2) + [1] * (tokens - tokens // 2),
-                "logprobs": [-(x % 1000) / 100.0 for x in ids],
-                "weight_versions": [3] * tokens,
-                "reward": 1.0,
-                "advantage": 0.5,
-                "session_weight": 1.0,
-                "status": "DONE",
-                "masked_reason": None,
-            }
+            TrajectoryRow(
+                session_id=f"s-{i}",
+                group_id=f"g-{i // 8}",
+                task_id="task",
+                harness="pi",
+                builder="per_request",
+                trace_index=0,
+                num_traces=1,
+                prompt_len=tokens // 2,
+                tokens=ids,
+                loss_mask=(0,) * (tokens // 2) + (1,) * (tokens - tokens // 2),
+                logprobs=tuple(-(x % 1000) / 100.0 for x in ids),
+                weight_versions=(3,) * tokens,
+                reward=1.0,
+                advantage=0.5,
+                session_weight=1.0,
+                status="DONE",
+            )
         )
-    return pa.Table.from_pylist(data, schema=TRAJECTORY_SCHEMA)
+    return trajectory_table(data)
 
 
 async def test_multi_megabyte_arrow_batch_travels_inline(

@@ -1,8 +1,24 @@
-"""floe's wire contract: every event that crosses a process, the topic registry and the Arrow schema."""
+"""floe's wire contract: every event that crosses a process, the topic registry, and the codecs.
 
-from contracts.arrow import TRAJECTORY_SCHEMA, TRAJECTORY_SCHEMA_VERSION, read_ipc, to_ipc, validate_table
+Codecs: ``codec`` (bytes <-> events), ``prompt_delta`` (the delta-encoded prompts of ``ModelCallRecorded``, encoder
+and decoder), ``arrow`` (the Arrow schema of trajectory batches, its typed ``TrajectoryRow``, rows <-> table <-> IPC).
+``advantages``: what the batches' ``advantage`` column holds (``group_advantages``, computed by the rollout).
+``providers``: the provider APIs the gateway speaks (``Protocol``, ``PROVIDERS``), read by the gateway and presets.
+"""
+
+from contracts.advantages import ADVANTAGE_METHODS, AdvantageMethod, GroupAdvantages, group_advantages
+from contracts.arrow import (
+    TRAJECTORY_SCHEMA,
+    TRAJECTORY_SCHEMA_VERSION,
+    TrajectoryRow,
+    read_ipc,
+    to_ipc,
+    trajectory_rows,
+    trajectory_table,
+    validate_table,
+)
 from contracts.codec import decode, encode
-from contracts.errors import ContractError, DecodeError, SchemaVersionError
+from contracts.errors import ContractError, DecodeError, PromptDeltaError, SchemaVersionError
 from contracts.events import (
     TERMINAL_STATES,
     VALID_TRANSITIONS,
@@ -27,6 +43,8 @@ from contracts.events import (
     now_ms,
 )
 from contracts.ids import BatchId, GroupId, SessionId, new_batch_id, new_group_id, new_session_id, valid_id
+from contracts.prompt_delta import PromptDelta, decode_prompt, decode_prompts, encode_prompt
+from contracts.providers import PROVIDERS, Provider, provider_for_path
 from contracts.topics import (
     DEAD_LETTER,
     MODEL_CALLS,
@@ -43,8 +61,10 @@ from contracts.topics import (
 )
 
 __all__ = [
+    "ADVANTAGE_METHODS",
     "DEAD_LETTER",
     "MODEL_CALLS",
+    "PROVIDERS",
     "REWARDS",
     "SESSIONS_CANCEL",
     "SESSIONS_FINISHED",
@@ -57,6 +77,7 @@ __all__ = [
     "TRAJECTORY_SCHEMA_VERSION",
     "VALID_TRANSITIONS",
     "WEIGHTS",
+    "AdvantageMethod",
     "BatchId",
     "CallTimings",
     "ContractError",
@@ -64,10 +85,14 @@ __all__ = [
     "DecodeError",
     "Event",
     "FinishReason",
+    "GroupAdvantages",
     "GroupId",
     "ModelCallRecorded",
     "Outcome",
+    "PromptDelta",
+    "PromptDeltaError",
     "Protocol",
+    "Provider",
     "RewardPublished",
     "SamplingPolicy",
     "SchemaVersionError",
@@ -81,16 +106,24 @@ __all__ = [
     "TokenizationMode",
     "Topic",
     "TrajectoryBatch",
+    "TrajectoryRow",
     "WeightsPublished",
     "decode",
+    "decode_prompt",
+    "decode_prompts",
     "encode",
+    "encode_prompt",
+    "group_advantages",
     "new_batch_id",
     "new_group_id",
     "new_session_id",
     "now_ms",
+    "provider_for_path",
     "read_ipc",
     "to_ipc",
     "topic_by_name",
+    "trajectory_rows",
+    "trajectory_table",
     "valid_id",
     "validate_table",
 ]

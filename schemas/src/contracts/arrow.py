@@ -1,4 +1,4 @@
-"""The Arrow schema of trajectory batches: defined once, here.
+"""The Arrow schema of trajectory batches, its typed row, and rows <-> table: defined once, here.
 
 One row is one training sequence (a *trace*): ``tokens`` is prompt + response, and the per-token columns have the
 same length as ``tokens``. Prompt positions are never trainable. For every trainable position the token is a
@@ -8,19 +8,34 @@ logprob 0 and weight version -1.
 Rows of one session share ``session_id`` and the session's ``advantage``; rows of one GRPO group share
 ``group_id``. ``session_weight`` is 1 / (traces in the session), so a loss that averages per session does not give
 sessions with more traces more weight.
+
+Every producer of batches (the rollout, tests, benchmarks) builds ``TrajectoryRow`` values and turns them into a
+table with ``trajectory_table`` (or straight into IPC bytes with ``to_ipc``); ``trajectory_rows`` reads them back.
+A row checks its shape when built (per-token columns aligned with ``tokens``, ``prompt_len`` and ``trace_index`` in
+range); the trainability invariants above are the producer's to keep and the learner's to enforce, because the
+learner's tests feed it rows that break them on purpose.
 """
 
 from __future__ import annotations
 
 import io
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 import pyarrow as pa
 
 from contracts.errors import DecodeError, SchemaVersionError
 
-__all__ = ["TRAJECTORY_SCHEMA", "TRAJECTORY_SCHEMA_VERSION", "read_ipc", "to_ipc", "validate_table"]
+__all__ = [
+    "TRAJECTORY_SCHEMA",
+    "TRAJECTORY_SCHEMA_VERSION",
+    "TrajectoryRow",
+    "read_ipc",
+    "to_ipc",
+    "trajectory_rows",
+    "trajectory_table",
+    "validate_table",
+]
 
 TRAJECTORY_SCHEMA_VERSION = 1
 
@@ -49,6 +64,7 @@ TRAJECTORY_SCHEMA = pa.schema(
 )
 
 _PER_TOKEN = ("loss_mask", "logprobs", "weight_versions")
+_PER_TOKEN_AND_TOKENS = ("tokens", *_PER_TOKEN)
 
 
 def validate_table(table: pa.Table) -> None:
@@ -69,9 +85,80 @@ def validate_table(table: pa.Table) -> None:
             raise DecodeError(f"trajectory column {name!r} is not aligned with 'tokens'")
 
 
-def to_ipc(rows: Iterable[Mapping[str, Any]] | pa.Table, compression: str | None = "zstd") -> bytes:
-    """Encode rows (dicts with the schema's fields) or a table as one Arrow IPC stream."""
-    table = rows if isinstance(rows, pa.Table) else pa.Table.from_pylist(list(rows), schema=TRAJECTORY_SCHEMA)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrajectoryRow:
+    """One row of ``TRAJECTORY_SCHEMA``, field for field; ``trajectory_id`` is derived (``session_id/trace_index``).
+
+    Raises ``ValueError`` when built with per-token columns of another length than ``tokens``, or ``prompt_len`` /
+    ``trace_index`` out of range.
+    """
+
+    session_id: str
+    group_id: str
+    task_id: str
+    harness: str
+    builder: str
+    trace_index: int
+    num_traces: int
+    prompt_len: int
+    tokens: tuple[int, ...]
+    loss_mask: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    weight_versions: tuple[int, ...]
+    reward: float
+    advantage: float
+    session_weight: float
+    status: str  # DONE / TIMEOUT / FAILED / CANCELLED
+    masked_reason: str | None = None
+
+    def __post_init__(self) -> None:
+        n = len(self.tokens)
+        for name in _PER_TOKEN:
+            if len(getattr(self, name)) != n:
+                raise ValueError(
+                    f"trajectory row {self.trajectory_id}: {name} has {len(getattr(self, name))} values, tokens has {n}"
+                )
+        if not 0 <= self.prompt_len <= n:
+            raise ValueError(f"trajectory row {self.trajectory_id}: prompt_len {self.prompt_len} not in [0, {n}]")
+        if not 0 <= self.trace_index < self.num_traces:
+            raise ValueError(
+                f"trajectory row {self.trajectory_id}: trace_index {self.trace_index} not in [0, {self.num_traces})"
+            )
+
+    @property
+    def trajectory_id(self) -> str:
+        return f"{self.session_id}/{self.trace_index}"
+
+
+def trajectory_table(rows: Iterable[TrajectoryRow]) -> pa.Table:
+    """The rows as one ``TRAJECTORY_SCHEMA`` table (one chunk per column), in order."""
+    rows = list(rows)
+    # Column by column: one Python list per column converts faster than one dict per row, to the same table.
+    columns = {name: [getattr(row, name) for row in rows] for name in TRAJECTORY_SCHEMA.names}
+    return pa.Table.from_pydict(columns, schema=TRAJECTORY_SCHEMA)
+
+
+def trajectory_rows(table: pa.Table) -> list[TrajectoryRow]:
+    """The rows of a ``TRAJECTORY_SCHEMA`` table; raise ``DecodeError`` if it is not one, or a row is malformed."""
+    validate_table(table)
+    out = []
+    for raw in table.to_pylist():
+        trajectory_id = raw.pop("trajectory_id")
+        for name in _PER_TOKEN_AND_TOKENS:
+            raw[name] = tuple(raw[name])
+        try:
+            row = TrajectoryRow(**raw)
+        except ValueError as exc:
+            raise DecodeError(str(exc)) from exc
+        if row.trajectory_id != trajectory_id:
+            raise DecodeError(f"trajectory_id {trajectory_id!r} is not session_id/trace_index ({row.trajectory_id!r})")
+        out.append(row)
+    return out
+
+
+def to_ipc(rows: Iterable[TrajectoryRow] | pa.Table, compression: str | None = "zstd") -> bytes:
+    """Encode rows or a ``TRAJECTORY_SCHEMA`` table as one Arrow IPC stream."""
+    table = rows if isinstance(rows, pa.Table) else trajectory_table(rows)
     validate_table(table)
     sink = io.BytesIO()
     options = pa.ipc.IpcWriteOptions(compression=compression)

@@ -4,15 +4,18 @@ Tree::
 
     ContractError                 root: anything wrong with a message on the wire
     ├── DecodeError               bytes are not a valid event of the topic's type
-    └── SchemaVersionError        the message was written by a newer (or unknown) contract version
+    ├── SchemaVersionError        the message was written by a newer (or unknown) contract version
+    └── PromptDeltaError          a delta-encoded prompt cannot be rebuilt from the session's other calls
 
-Consumers treat both leaves as *poison*: the message goes to the dead-letter topic with the reason, and the
-consumer carries on. A newer ``schema_version`` is never read silently with an older model.
+Consumers treat ``DecodeError`` and ``SchemaVersionError`` as *poison*: the message goes to the dead-letter topic
+with the reason, and the consumer carries on. A newer ``schema_version`` is never read silently with an older model.
+``PromptDeltaError`` is about a session's calls taken together, not one message: each record decoded fine, so
+nothing is dead-lettered (the rollout masks the session instead).
 """
 
 from __future__ import annotations
 
-__all__ = ["ContractError", "DecodeError", "SchemaVersionError"]
+__all__ = ["ContractError", "DecodeError", "PromptDeltaError", "SchemaVersionError"]
 
 
 class ContractError(Exception):
@@ -31,3 +34,8 @@ class SchemaVersionError(ContractError):
         self.event_type = event_type
         self.got = got
         self.supported = supported
+
+
+class PromptDeltaError(ContractError):
+    """A ``ModelCallRecorded`` prompt refers to a base call that was not given, or does not fit it
+    (``contracts.prompt_delta``)."""

@@ -22,6 +22,8 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from contracts.providers import Protocol  # kept with the provider descriptions (one home per provider API)
+
 __all__ = [
     "TERMINAL_STATES",
     "VALID_TRANSITIONS",
@@ -231,14 +233,6 @@ class SessionFinished(Event):
 # ----------------------------------------------------------------------------------------------- model calls
 
 
-class Protocol(enum.StrEnum):
-    OPENAI_CHAT = "openai_chat"
-    OPENAI_RESPONSES = "openai_responses"
-    ANTHROPIC_MESSAGES = "anthropic_messages"
-    GOOGLE_GENERATE = "google_generate"
-    ENGINE = "engine"  # the engine's own token-in API (tests, minimal agents)
-
-
 FinishReason = Literal["stop", "length", "tool_calls", "stop_sequence", "abort", "error"]
 
 
@@ -260,7 +254,7 @@ class ModelCallRecorded(Event):
     Prompt delta encoding: the full prompt of this call is
     ``sequence(prefix_call_index)[:prefix_len] + prompt_token_ids`` where ``sequence(i)`` is call *i*'s full prompt
     followed by its completion ids. With ``prefix_call_index=None`` (and ``prefix_len=0``) ``prompt_token_ids`` is
-    the whole prompt. ``prompt_len`` is the full length, checked on decode by the consumer.
+    the whole prompt. ``prompt_len`` is the full length. Encoder and decoder: ``contracts.prompt_delta``.
 
     Invariant: ``len(completion_logprobs) == len(completion_token_ids)``; each logprob is the sampling logprob of
     that token under the weights of ``weight_version``.

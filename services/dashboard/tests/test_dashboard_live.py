@@ -32,6 +32,7 @@ from contracts import (
     TokenizationMode,
     Topic,
     TrajectoryBatch,
+    TrajectoryRow,
     WeightsPublished,
     to_ipc,
 )
@@ -55,27 +56,25 @@ def _get(url: str) -> dict[str, Any]:
         return json.loads(resp.read())  # type: ignore[no-any-return]
 
 
-def _row(sid: str, step_reward: float) -> dict[str, object]:
-    return {
-        "trajectory_id": f"{sid}/0",
-        "session_id": sid,
-        "group_id": "g",
-        "task_id": "t",
-        "harness": "toy",
-        "builder": "prefix_merging",
-        "trace_index": 0,
-        "num_traces": 1,
-        "prompt_len": 2,
-        "tokens": [1, 2, 3],
-        "loss_mask": [0, 0, 1],
-        "logprobs": [0.0, 0.0, -0.3],
-        "weight_versions": [-1, -1, 0],
-        "reward": step_reward,
-        "advantage": 0.0,
-        "session_weight": 1.0,
-        "status": "DONE",
-        "masked_reason": None,
-    }
+def _row(sid: str, step_reward: float) -> TrajectoryRow:
+    return TrajectoryRow(
+        session_id=sid,
+        group_id="g",
+        task_id="t",
+        harness="toy",
+        builder="prefix_merging",
+        trace_index=0,
+        num_traces=1,
+        prompt_len=2,
+        tokens=(1, 2, 3),
+        loss_mask=(0, 0, 1),
+        logprobs=(0.0, 0.0, -0.3),
+        weight_versions=(-1, -1, 0),
+        reward=step_reward,
+        advantage=0.0,
+        session_weight=1.0,
+        status="DONE",
+    )
 
 
 @pytest.fixture

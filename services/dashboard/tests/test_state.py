@@ -11,6 +11,7 @@ from contracts import (
     SessionStateChanged,
     TokenizationMode,
     TrajectoryBatch,
+    TrajectoryRow,
     WeightsPublished,
     to_ipc,
 )
@@ -39,27 +40,25 @@ def _call(sid: str, idx: int, version: int, at: int = 0) -> ModelCallRecorded:
     )
 
 
-def _row(sid: str, trace: int, n_traces: int, reward: float, harness: str) -> dict[str, object]:
-    return {
-        "trajectory_id": f"{sid}/{trace}",
-        "session_id": sid,
-        "group_id": "g",
-        "task_id": "t",
-        "harness": harness,
-        "builder": "prefix_merging",
-        "trace_index": trace,
-        "num_traces": n_traces,
-        "prompt_len": 2,
-        "tokens": [1, 2, 3, 4],
-        "loss_mask": [0, 0, 1, 1],
-        "logprobs": [0.0, 0.0, -0.1, -0.2],
-        "weight_versions": [-1, -1, 1, 1],
-        "reward": reward,
-        "advantage": 0.0,
-        "session_weight": 1.0 / n_traces,
-        "status": "DONE",
-        "masked_reason": None,
-    }
+def _row(sid: str, trace: int, n_traces: int, reward: float, harness: str) -> TrajectoryRow:
+    return TrajectoryRow(
+        session_id=sid,
+        group_id="g",
+        task_id="t",
+        harness=harness,
+        builder="prefix_merging",
+        trace_index=trace,
+        num_traces=n_traces,
+        prompt_len=2,
+        tokens=(1, 2, 3, 4),
+        loss_mask=(0, 0, 1, 1),
+        logprobs=(0.0, 0.0, -0.1, -0.2),
+        weight_versions=(-1, -1, 1, 1),
+        reward=reward,
+        advantage=0.0,
+        session_weight=1.0 / n_traces,
+        status="DONE",
+    )
 
 
 def test_states_count_latest_and_ignore_stale_duplicates() -> None:

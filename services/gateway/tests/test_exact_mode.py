@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 import openai
 
-from contracts import TokenizationMode
+from contracts import TokenizationMode, decode_prompts
 
 from ._fakes import IM_END, encode, render
 
@@ -14,16 +14,8 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": 
 
 
 def full_prompts(records) -> list[list[int]]:
-    """Undo the delta encoding: full = sequence(prefix_call_index)[:prefix_len] + prompt_token_ids."""
-    seqs: dict[int, list[int]] = {}
-    out = []
-    for r in records:
-        prefix = seqs[r.prefix_call_index][: r.prefix_len] if r.prefix_call_index is not None else []
-        full = prefix + r.prompt_token_ids
-        assert len(full) == r.prompt_len
-        seqs[r.call_index] = full + r.completion_token_ids
-        out.append(full)
-    return out
+    """Undo the delta encoding with the contract's own decoder."""
+    return [list(p) for p in decode_prompts(records)]
 
 
 def _client(creds) -> openai.OpenAI:

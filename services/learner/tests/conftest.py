@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from eventbus import configure_logging
-from learner.synthetic import save_tiny_model
+
+from .synthetic import save_tiny_model
 
 # Configure structlog once, now, against the session's stderr: configure_logging binds the stream it sees first,
 # and a test's capsys stream is closed after that test (the CLI test calls configure_logging too).

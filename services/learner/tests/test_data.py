@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -11,7 +12,8 @@ import torch
 import contracts
 from contracts import TrajectoryBatch, read_ipc, to_ipc
 from learner.data import BatchError, batch_payload, decode_sequences, microbatches, pack, prepare
-from learner.synthetic import per_request_rows, prefix_merging_rows, synthetic_sessions, trajectory_row
+
+from .synthetic import per_request_rows, prefix_merging_rows, synthetic_sessions, trajectory_row
 
 
 def rows_fixture(seed: int = 0, groups: int = 2, size: int = 3, turns: int = 3):
@@ -26,12 +28,12 @@ def test_decode_matches_rows_and_is_zero_copy():
     assert seqs.num_rows == len(rows)
     for r, row in enumerate(rows):
         lo, hi = int(seqs.offsets[r]), int(seqs.offsets[r + 1])
-        assert seqs.tokens[lo:hi].tolist() == row["tokens"]
-        assert seqs.loss_mask[lo:hi].tolist() == row["loss_mask"]
-        assert seqs.weight_versions[lo:hi].tolist() == row["weight_versions"]
-        torch.testing.assert_close(seqs.logprobs[lo:hi], torch.tensor(row["logprobs"], dtype=torch.float32))
-        assert seqs.advantage[r].item() == pytest.approx(row["advantage"])
-        assert seqs.prompt_len[r].item() == row["prompt_len"]
+        assert seqs.tokens[lo:hi].tolist() == list(row.tokens)
+        assert seqs.loss_mask[lo:hi].tolist() == list(row.loss_mask)
+        assert seqs.weight_versions[lo:hi].tolist() == list(row.weight_versions)
+        torch.testing.assert_close(seqs.logprobs[lo:hi], torch.tensor(row.logprobs, dtype=torch.float32))
+        assert seqs.advantage[r].item() == pytest.approx(row.advantage)
+        assert seqs.prompt_len[r].item() == row.prompt_len
     # Zero copy: the token tensor points into Arrow's value buffer, not at a copy.
     buf = table.column("tokens").chunk(0).values.buffers()[1]
     assert buf.address <= seqs.tokens.data_ptr() < buf.address + buf.size
@@ -113,9 +115,9 @@ def test_microbatches_align_targets_and_weights_sum_to_one_across_ranks():
     total_weight = sum(float(mb.weights.sum()) for mbs in all_mbs for mb in mbs)
     assert total_weight == pytest.approx(1.0, abs=1e-5)
     trainable = sum(int(mb.mask.sum()) for mbs in all_mbs for mb in mbs)
-    assert trainable == sum(sum(r["loss_mask"]) for r in rows)
+    assert trainable == sum(sum(r.loss_mask) for r in rows)
     # Each target position carries the logprob of the *next* input token.
-    by_tokens = {tuple(r["tokens"]): r for r in rows}
+    by_tokens = {r.tokens: r for r in rows}
     for mbs in all_mbs:
         for mb in mbs:
             for b in range(mb.input_ids.shape[0]):
@@ -123,9 +125,9 @@ def test_microbatches_align_targets_and_weights_sum_to_one_across_ranks():
                 if n == 0 or mb.weights[b].sum() == 0:
                     continue
                 row = by_tokens[tuple(mb.input_ids[b, :n].tolist())]
-                assert mb.mask[b, : n - 1].tolist() == [bool(x) for x in row["loss_mask"][1:]]
-                torch.testing.assert_close(mb.behav_logprobs[b, : n - 1], torch.tensor(row["logprobs"][1:]))
-                assert torch.all(mb.advantages[b] == row["advantage"])
+                assert mb.mask[b, : n - 1].tolist() == [bool(x) for x in row.loss_mask[1:]]
+                torch.testing.assert_close(mb.behav_logprobs[b, : n - 1], torch.tensor(row.logprobs[1:]))
+                assert torch.all(mb.advantages[b] == row.advantage)
                 assert not mb.mask[b, n - 1 :].any(), "padding is never trainable"
 
 
@@ -141,7 +143,7 @@ def test_prepare_truncates_to_causal_prefix_and_drops_overlong_prompts():
         reward=1.0,
         advantage=1.0,
     )
-    long_prompt = dict(row, session_id="t", prompt_len=12, loss_mask=[0] * 12 + [1] * 4)
+    long_prompt = replace(row, session_id="t", prompt_len=12, loss_mask=(0,) * 12 + (1,) * 4)
     seqs = decode_sequences(to_ipc([row, long_prompt]))
     batch = prepare(seqs, 0, None, "token-mean", max_seq_len=10)
     assert batch.rows == [0]
@@ -163,8 +165,7 @@ def test_prepare_never_trains_prompt_tokens_even_if_flagged():
         reward=1.0,
         advantage=1.0,
     )
-    row["loss_mask"] = [1] * 7
-    row["weight_versions"] = [0] * 7
+    row = replace(row, loss_mask=(1,) * 7, weight_versions=(0,) * 7)
     batch = prepare(decode_sequences(to_ipc([row])), 0, None, "token-mean", max_seq_len=100)
     assert batch.trainable.tolist() == [False] * 4 + [True] * 3
     assert batch.stats["tokens_dropped_in_prompt"] == 4
@@ -178,4 +179,4 @@ def test_staleness_in_prepare_counts_and_all_stale_batch_has_no_rows():
     assert fresh.stats["tokens_dropped_stale"] == 0 and fresh.rows == [0, 1]
     stale = prepare(seqs, current_version=6, max_staleness=3, agg="session-mean", max_seq_len=10_000)
     assert stale.rows == []
-    assert stale.stats["tokens_dropped_stale"] == sum(sum(r["loss_mask"]) for r in rows)
+    assert stale.stats["tokens_dropped_stale"] == sum(sum(r.loss_mask) for r in rows)

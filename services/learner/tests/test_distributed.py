@@ -14,7 +14,8 @@ from safetensors.torch import load_file
 
 from contracts import to_ipc
 from learner import LearnerSettings, train_files
-from learner.synthetic import per_request_rows, synthetic_sessions
+
+from .synthetic import per_request_rows, synthetic_sessions
 
 # lr 1 with Adam eps 1 makes the update linear in the gradient (see test_train), so comparing weights after two
 # steps compares the gradients of both steps, including the second step's dependence on the first.

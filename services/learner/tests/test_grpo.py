@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from learner.grpo import AGGREGATIONS, LossConfig, group_advantages, policy_loss, staleness_filter, token_weights
+from learner.grpo import AGGREGATIONS, LossConfig, policy_loss, staleness_filter, token_weights
 
 
 def reference_loss(lp, behav, adv, w, mask, cfg, prox=None, ref=None):
@@ -217,19 +217,3 @@ def test_staleness_filter_drops_exactly_the_right_tokens():
     none = staleness_filter(torch.tensor(mask), torch.tensor(versions), current, None)
     assert none.dropped_stale == 0
     assert none.keep.sum().item() == sum(m and 0 <= v <= current for m, v in zip(mask, versions, strict=True))
-
-
-def test_group_advantages_leave_one_out():
-    # Group g: sessions a (traces 1.0, 0.0 -> mean 0.5), b (1.0), c (0.0). Group h: all equal -> zeros.
-    rewards = [1.0, 0.0, 1.0, 0.0, 1.0, 1.0]
-    groups = ["g", "g", "g", "g", "h", "h"]
-    sessions = ["a", "a", "b", "c", "d", "e"]
-    adv = group_advantages(rewards, groups, sessions)
-    assert adv[0] == pytest.approx(1.0 - 0.5)  # others: b=1, c=0
-    assert adv[1] == pytest.approx(0.0 - 0.5)
-    assert adv[2] == pytest.approx(1.0 - 0.25)  # others: a=0.5, c=0
-    assert adv[3] == pytest.approx(0.0 - 0.75)
-    assert adv[4:] == [0.0, 0.0]
-    mean = group_advantages(rewards, groups, sessions, baseline="mean", normalize_std=True)
-    std = math.sqrt(((0.5 - 0.5) ** 2 + 0.5**2 + 0.5**2) / 3)
-    assert mean[2] == pytest.approx((1.0 - 0.5) / (std + 1e-6))

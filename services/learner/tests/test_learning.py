@@ -16,9 +16,10 @@ import time
 import pytest
 import torch
 
-from contracts import to_ipc
-from learner import Learner, LearnerSettings, group_advantages
-from learner.synthetic import save_tiny_model, trajectory_row
+from contracts import group_advantages, to_ipc
+from learner import Learner, LearnerSettings
+
+from .synthetic import save_tiny_model, trajectory_row
 
 VOCAB, RESPONSE_LEN, PROMPTS, GROUP, STEPS = 16, 4, 8, 8, 100
 
@@ -57,7 +58,9 @@ def test_reward_rises_on_a_toy_copy_task(tmp_path):
         reward = (tokens == targets[:, None]).float().mean(dim=1)  # (B,)
         sessions = [f"{step}-{i}" for i in range(len(reward))]
         groups = [f"{step}-{i // GROUP}" for i in range(len(reward))]
-        adv = group_advantages(reward.tolist(), groups, sessions)
+        # The rollout's advantage function, leave-one-out, one group of GROUP sessions at a time.
+        per_group = reward.view(PROMPTS, GROUP).tolist()
+        adv = [a for r in per_group for a in group_advantages(r, [True] * GROUP, "loo").advantages]
         rows = [
             trajectory_row(session_id=sessions[i], group_id=groups[i], prompt=prompts[i].tolist(),
                            response=tokens[i].tolist(), response_mask=[1] * RESPONSE_LEN,

@@ -24,7 +24,8 @@ from contracts import DEAD_LETTER, TRAJECTORY_BATCHES, WEIGHTS, TrajectoryBatch,
 from eventbus import Consumer, Producer
 from learner import LearnerSettings, serve, train_files
 from learner.checkpoint import latest_checkpoint, read_state
-from learner.synthetic import per_request_rows, synthetic_sessions
+
+from .synthetic import per_request_rows, synthetic_sessions
 
 LINEAR = {"lr": 1.0, "adam_eps": 1.0, "weight_decay": 0.0, "kl_coef": 0.0}
 
@@ -66,7 +67,7 @@ async def test_serve_trains_publishes_and_skips_redelivered_batches(
 ):
     batches_topic, weights_topic = topic_factory(TRAJECTORY_BATCHES), topic_factory(WEIGHTS)
     settings = LearnerSettings(
-        model_dir=tiny_model_dir, checkpoint_dir=tmp_path / "ckpt", batches_topic=batches_topic.name,
+        model_dir=tiny_model_dir, checkpoint_dir=tmp_path / "ckpt", trajectory_batches_topic=batches_topic.name,
         weights_topic=weights_topic.name, group_id=consumer_group, **LINEAR,
     )  # fmt: skip
     data = make_batches(3)
@@ -128,7 +129,7 @@ async def test_a_step_longer_than_max_step_s_costs_a_redelivery_not_a_crash(
     # (UNKNOWN_MEMBER_ID); the learner must carry on, and the ledger skips the batch when it comes again.
     batches_topic, weights_topic = topic_factory(TRAJECTORY_BATCHES), topic_factory(WEIGHTS)
     settings = LearnerSettings(
-        model_dir=tiny_model_dir, checkpoint_dir=tmp_path / "ckpt", batches_topic=batches_topic.name,
+        model_dir=tiny_model_dir, checkpoint_dir=tmp_path / "ckpt", trajectory_batches_topic=batches_topic.name,
         weights_topic=weights_topic.name, group_id=consumer_group, max_step_s=10, debug_step_delay_s=13, **LINEAR,
     )  # fmt: skip
     data = make_batches(2, seed=5)
@@ -190,7 +191,7 @@ async def test_kill_minus_9_during_a_step_resumes_without_applying_any_batch_twi
         "FLOE_KAFKA_BOOTSTRAP_SERVERS": kafka_settings.bootstrap_servers,
         "FLOE_LEARNER_MODEL_DIR": str(tiny_model_dir),
         "FLOE_LEARNER_CHECKPOINT_DIR": str(ckpt),
-        "FLOE_LEARNER_BATCHES_TOPIC": batches_topic.name,
+        "FLOE_LEARNER_TRAJECTORY_BATCHES_TOPIC": batches_topic.name,
         "FLOE_LEARNER_WEIGHTS_TOPIC": weights_topic.name,
         "FLOE_LEARNER_GROUP_ID": consumer_group,
         "FLOE_LEARNER_DEBUG_STEP_DELAY_S": "1.5",  # each step sleeps after backward: the kill lands mid-step

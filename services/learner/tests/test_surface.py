@@ -12,12 +12,13 @@ import learner
 from contracts import to_ipc
 from learner import LearnerSettings
 from learner.cli import main
-from learner.synthetic import prefix_merging_rows, synthetic_sessions
+
+from .synthetic import prefix_merging_rows, synthetic_sessions
 
 
 def test_exported_members_are_curated():
     exported = {name for name in dir(learner) if not name.startswith("_")}
-    modules = {"checkpoint", "data", "distributed", "grpo", "model", "settings", "synthetic", "train", "cli"}
+    modules = {"checkpoint", "data", "distributed", "grpo", "model", "settings", "train", "cli"}
     assert exported - modules == set(learner.__all__)
 
 
@@ -55,3 +56,22 @@ def test_cli_train_files_prints_one_json_line_per_step(tiny_model_dir, tmp_path,
     steps = [x for x in lines if x.get("batch_id") == "only" and "version" in x and "loss" in x]
     assert steps and steps[-1]["version"] == 1
     assert (tmp_path / "c" / "v00000001" / "model.safetensors").exists()
+
+
+def test_topic_settings_default_to_the_registry_and_the_old_batches_name_still_works(monkeypatch, tmp_path):
+    from structlog.testing import capture_logs
+
+    from contracts import TRAJECTORY_BATCHES, WEIGHTS
+
+    monkeypatch.setenv("FLOE_LEARNER_MODEL_DIR", str(tmp_path / "m"))
+    monkeypatch.setenv("FLOE_LEARNER_CHECKPOINT_DIR", str(tmp_path / "c"))
+    s = LearnerSettings()
+    assert (s.trajectory_batches_topic, s.weights_topic) == (TRAJECTORY_BATCHES.name, WEIGHTS.name)
+    monkeypatch.setenv("FLOE_LEARNER_BATCHES_TOPIC", "old.spelling")  # the name before TRAJECTORY_BATCHES_TOPIC
+    with capture_logs() as logs:
+        assert LearnerSettings().trajectory_batches_topic == "old.spelling"
+        assert LearnerSettings(batches_topic="kwarg").trajectory_batches_topic == "kwarg"
+    deprecated = [e["name"] for e in logs if e["event"] == "deprecated_setting"]
+    assert deprecated == ["FLOE_LEARNER_BATCHES_TOPIC", "batches_topic"]
+    monkeypatch.setenv("FLOE_LEARNER_TRAJECTORY_BATCHES_TOPIC", "new.spelling")
+    assert LearnerSettings().trajectory_batches_topic == "new.spelling"  # the new name wins

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 import shutil
+from dataclasses import replace
 
 import pytest
 import torch
@@ -14,7 +15,8 @@ from transformers import AutoModelForCausalLM
 from contracts import to_ipc
 from learner import LearnerSettings, train_files
 from learner.checkpoint import latest_checkpoint, list_checkpoints, read_state
-from learner.synthetic import per_request_rows, prefix_merging_rows, synthetic_sessions
+
+from .synthetic import per_request_rows, prefix_merging_rows, synthetic_sessions
 
 
 def write_batches(tmp_path, n=3, builder=per_request_rows, seed=0, version=0, prefix="batch"):
@@ -94,10 +96,9 @@ def test_masked_positions_cannot_influence_the_update(tiny_model_dir, tmp_path):
     rows = prefix_merging_rows(synthetic_sessions(2, 3, 3, random.Random(5)))
     garbage = []
     for r in rows:
-        g = dict(r)
-        g["logprobs"] = [lp if m else 77.0 for lp, m in zip(r["logprobs"], r["loss_mask"], strict=True)]
-        g["weight_versions"] = [v if m else 12345 for v, m in zip(r["weight_versions"], r["loss_mask"], strict=True)]
-        garbage.append(g)
+        lps = tuple(lp if m else 77.0 for lp, m in zip(r.logprobs, r.loss_mask, strict=True))
+        versions = tuple(v if m else 12345 for v, m in zip(r.weight_versions, r.loss_mask, strict=True))
+        garbage.append(replace(r, logprobs=lps, weight_versions=versions))
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     (tmp_path / "a" / "x.arrow").write_bytes(to_ipc(rows))

@@ -11,7 +11,8 @@ from contracts import TrajectoryBatch, decode, encode
 from rollout.batching import BatchEncoder, batch_id_for, load_batch_table
 from rollout.dataset import export_sft, iter_dataset, write_group
 from rollout.groups import GroupAssembler, GroupResult
-from rollout.simulate import SessionPlan, simulate_group
+
+from .simulate import SessionPlan, simulate_group
 
 
 def _groups(n: int, seed: int = 0) -> list[GroupResult]:
@@ -30,7 +31,7 @@ def test_inline_batch_round_trips_through_the_wire_codec() -> None:
     wire = decode(TrajectoryBatch, encode(batch))
     table = load_batch_table(wire)
     assert table.num_rows == batch.num_rows == sum(len(g.rows) for g in groups)
-    assert table.column("group_id").to_pylist() == [row["group_id"] for g in groups for row in g.rows]
+    assert table.column("group_id").to_pylist() == [row.group_id for g in groups for row in g.rows]
     assert batch.batch_id == batch_id_for("prefix_merging", ["g1", "g0"])
     assert batch.num_groups == 2 and batch.num_sessions == 4 and batch.step == 3
     assert batch.metrics["reconstruction.trainable_tokens"] > 0
@@ -81,7 +82,7 @@ def test_export_writes_chat_messages_with_the_decoded_final_answer(tmp_path: Pat
     out = tmp_path / "sft.jsonl"
     counts = export_sft(tmp_path, out, detokenize=lambda ids: f"<{len(ids)} tokens>")
     lines = [json.loads(line) for line in out.read_text().splitlines()]
-    accepted = [r for r in group.rows if r["reward"] >= 1.0]
+    accepted = [r for r in group.rows if r.reward >= 1.0]
     assert counts["written"] == len(lines) == len(accepted) > 0
     assert lines[0]["messages"][0] == {"role": "user", "content": "fix it"}
     assert lines[0]["messages"][-1]["role"] == "assistant" and lines[0]["messages"][-1]["content"].endswith("tokens>")

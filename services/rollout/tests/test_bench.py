@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from contracts import TokenizationMode
-from rollout.simulate import random_ops, simulate_session
+
+from .simulate import random_ops, simulate_session
 
 BENCH = Path(__file__).resolve().parents[3] / "bench" / "rollout" / "run.py"
 

@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 
 from contracts import ModelCallRecorded, TokenizationMode
 from rollout.builders import build_trajectories
-from rollout.simulate import EOT, GEN_PROMPT, NEWLINE, Compact, Op, RewriteOld, SpawnSub, Turn, simulate_session
 from rollout.trace import BuildResult
+
+from .simulate import EOT, GEN_PROMPT, NEWLINE, Compact, Op, RewriteOld, SpawnSub, Turn, simulate_session
 
 turns = st.builds(
     Turn,

@@ -36,7 +36,8 @@ from rollout.batching import load_batch_table
 from rollout.replay import rebuild
 from rollout.service import Topics
 from rollout.settings import RolloutSettings
-from rollout.simulate import simulate_groups
+
+from .simulate import simulate_groups
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

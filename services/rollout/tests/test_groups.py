@@ -7,7 +7,8 @@ from hypothesis import strategies as st
 
 from contracts import Event, ModelCallRecorded, Outcome, SessionState
 from rollout.groups import GroupAssembler
-from rollout.simulate import SessionPlan, simulate_group
+
+from .simulate import SessionPlan, simulate_group
 
 
 def _feed(assembler: GroupAssembler, events: list[Event]) -> None:
@@ -28,14 +29,11 @@ def test_group_waits_for_every_session_then_builds_aligned_rows() -> None:
     result = a.take("g1")
     assert [s.session_id for s in result.sessions] == ["g1-s0", "g1-s1", "g1-s2"]
     by_session = {s.session_id: s for s in result.sessions}
-    assert by_session["g1-s0"].rows[0]["advantage"] > 0 > by_session["g1-s1"].rows[0]["advantage"]
+    assert by_session["g1-s0"].rows[0].advantage > 0 > by_session["g1-s1"].rows[0].advantage
     for s in result.sessions:
-        advantages = {row["advantage"] for row in s.rows}
+        advantages = {row.advantage for row in s.rows}
         assert len(advantages) == 1  # every trace of a session shares its advantage
-        assert (
-            sum(row["session_weight"] for row in s.rows) == 1.0
-            or abs(sum(r["session_weight"] for r in s.rows) - 1) < 1e-9
-        )
+        assert sum(row.session_weight for row in s.rows) == 1.0 or abs(sum(r.session_weight for r in s.rows) - 1) < 1e-9
     # Late duplicates of an emitted group are ignored.
     _feed(a, events)
     assert a.ready_groups() == [] and a.pending_sessions() == 0
@@ -53,11 +51,11 @@ def test_failures_are_masked_but_kept_and_agent_timeouts_train() -> None:
     result = a.take(a.ready_groups()[0])
     s0, s1, s2, s3 = result.sessions
     assert s0.trainable and s1.trainable and not s2.trainable and not s3.trainable
-    assert s1.rows[0]["reward"] == 0.0 and s1.rows[0]["advantage"] < 0
+    assert s1.rows[0].reward == 0.0 and s1.rows[0].advantage < 0
     for masked in (s2, s3):
         for row in masked.rows:
-            assert not any(row["loss_mask"]) and row["advantage"] == 0.0 and row["masked_reason"]
-            assert set(row["weight_versions"]) <= {-1}
+            assert not any(row.loss_mask) and row.advantage == 0.0 and row.masked_reason
+            assert set(row.weight_versions) <= {-1}
     assert result.trainable_sessions == 2
 
 
@@ -69,7 +67,7 @@ def test_missing_calls_hold_the_group_until_expired_then_mask() -> None:
     a.expire("g3-s1")
     result = a.take(a.ready_groups()[0])
     lossy = result.sessions[1]
-    assert not lossy.trainable and lossy.rows[0]["masked_reason"].startswith("calls_missing")
+    assert not lossy.trainable and (lossy.rows[0].masked_reason or "").startswith("calls_missing")
     assert result.zero_signal  # one trainable session left
 
 

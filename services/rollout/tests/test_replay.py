@@ -10,7 +10,8 @@ import pytest
 from contracts import Event, ModelCallRecorded
 from rollout.cli import main
 from rollout.replay import load_events_jsonl, parse_bound, rebuild, write_result
-from rollout.simulate import SessionPlan, simulate_group
+
+from .simulate import SessionPlan, simulate_group
 
 
 def _write_jsonl(path: Path, events: list[Event], wrapped: bool) -> None:
@@ -66,7 +67,7 @@ def test_replay_keeps_sessions_that_never_finished_as_masked_rows(tmp_path: Path
     assert result.closed_sessions == 9 and len(result.groups) == 9
     rows = [r for g in result.groups for r in g.rows]
     assert len(rows) == len(calls_only)  # per_request: one row per call, none dropped
-    assert all(r["masked_reason"] and not any(r["loss_mask"]) for r in rows)
+    assert all(r.masked_reason and not any(r.loss_mask) for r in rows)
     write_result(result, tmp_path)
     assert (tmp_path / "batches.jsonl").read_text().count("\n") == 9
 

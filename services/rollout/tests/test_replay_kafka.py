@@ -14,7 +14,8 @@ from eventbus import KafkaSettings, Producer, ensure_topics
 from rollout.cli import main
 from rollout.replay import rebuild, write_result
 from rollout.service import Topics
-from rollout.simulate import simulate_groups
+
+from .simulate import simulate_groups
 
 pytestmark = pytest.mark.integration
 

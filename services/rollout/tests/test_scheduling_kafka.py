@@ -26,7 +26,8 @@ from floe_tasks import TaskSet
 from rollout.batching import load_batch_table
 from rollout.service import RolloutService
 from rollout.settings import RolloutSettings, RunSettings
-from rollout.simulate import random_ops, simulate_session
+
+from .simulate import random_ops, simulate_session
 
 pytestmark = pytest.mark.integration
 

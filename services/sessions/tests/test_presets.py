@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
-
 from pathlib import Path
 
 import pytest
 
+from contracts import PROVIDERS
 from sessions.presets import TEMPLATE_VARS, PresetError, load_preset, render
 
 from .conftest import PRESETS_DIR
@@ -32,6 +32,16 @@ def test_shipped_preset_renders_with_token_and_gateway(name: str) -> None:
     assert "${" not in everything
     for path in rendered.files:
         assert path.startswith("<home>/")
+
+
+def test_shipped_presets_name_a_protocol_the_gateway_serves() -> None:
+    served = {protocol.value for provider in PROVIDERS for protocol in provider.protocols}
+    for file in PRESETS_DIR.glob("*.toml"):
+        assert load_preset(PRESETS_DIR, file.stem).protocol in served | {"any"}, file.name
+
+
+def test_every_provider_base_url_is_a_template_variable() -> None:
+    assert {p.template_var for p in PROVIDERS} <= TEMPLATE_VARS
 
 
 def test_prompt_is_one_argv_element_even_with_shell_metacharacters() -> None:

@@ -1,17 +1,26 @@
-"""Read a topic's history by offset or timestamp, without a consumer group (``floe replay`` uses this).
+"""Read topics' history by offset or timestamp, without a consumer group: the one "read to the end" of floe.
 
-The consumer is *assigned* partitions and never commits, so production consumer groups are untouched. The range is
-half-open: from ``start`` (an offset, or the first message at/after a timestamp; default: the beginning) up to, not
-including, ``end`` (an offset or timestamp; default: the end of each partition when the replay starts), so a
-replay always terminates. ``read_committed``: aborted transactional messages are never replayed. A message that
-does not decode is yielded with ``error`` set (and its raw bytes), never dropped silently.
+``replay`` (sync) and ``replay_async`` (the same records, for event-loop code) serve ``floe replay``, ``floe audit``,
+the scorer's dedupe memory and the rollout's state rebuild. The consumer is *assigned* partitions and never commits,
+so production consumer groups are untouched. The range is half-open: from ``start`` (an offset, or the first message
+at/after a timestamp; default: the beginning) up to, not including, ``end`` (an offset or timestamp; default: the
+end of each partition when the replay starts), so a replay always terminates. Several topics are read by one
+consumer, their records interleaved as fetched (in order within a partition). ``read_committed``: aborted
+transactional messages are never replayed, and a partition whose last offsets are transaction markers ends as soon
+as the consumer's position passes them (no idle wait). ``idle_timeout_s`` bounds a stall: with no message and no
+progress that long (a broker that does not answer, an open transaction of another producer holding the stable
+offset back), the replay ends early, quietly. A message that does not decode is yielded with ``error`` set (and
+its raw bytes), never dropped silently; the caller decides whether to skip it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncGenerator, Generator, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -21,12 +30,15 @@ from confluent_kafka import TopicPartition
 
 from contracts import Event, Topic, decode
 from contracts.errors import ContractError
+from eventbus.admin import _watermarks
 from eventbus.consumer import raw_key, raw_timestamp
-from eventbus.errors import TopicMissing, map_kafka_errors
+from eventbus.errors import TopicMissing, from_kafka_error, map_kafka_errors
 from eventbus.producer import LIBRDKAFKA_LOGGER
 from eventbus.settings import KafkaSettings
 
-__all__ = ["Position", "ReplayRecord", "parse_position", "replay"]
+__all__ = ["Position", "ReplayRecord", "parse_position", "replay", "replay_async"]
+
+MiB = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -80,8 +92,6 @@ class ReplayRecord:
             if inline is not None:  # not JSON material: say how big it is (read it with contracts.read_ipc)
                 out["arrow_ipc_bytes"] = len(inline)
         else:
-            import base64
-
             out["error"] = self.error
             out["value_b64"] = base64.b64encode(self.value).decode()
         return out
@@ -97,7 +107,7 @@ def _resolve(
 ) -> dict[int, int]:
     """Partition -> concrete offset for ``pos`` (``default``: -2 beginning, -1 end; resolved via watermarks)."""
     result: dict[int, int] = {}
-    marks = {p: consumer.get_watermark_offsets(TopicPartition(name, p), timeout=timeout) for p in partitions}
+    marks = {p: _watermarks(consumer, TopicPartition(name, p), timeout) for p in partitions}
     if pos is not None and pos.timestamp_ms is not None:
         found = consumer.offsets_for_times(
             [TopicPartition(name, p, pos.timestamp_ms) for p in partitions], timeout=timeout
@@ -117,14 +127,20 @@ def _resolve(
 
 def replay(
     settings: KafkaSettings,
-    topic: Topic[Any],
+    topics: Topic[Any] | Sequence[Topic[Any]],
     *,
     start: Position | None = None,
     end: Position | None = None,
     partitions: Sequence[int] | None = None,
     idle_timeout_s: float = 5.0,
-) -> Iterator[ReplayRecord]:
-    """Yield the records of ``topic`` in ``[start, end)``, partition by partition interleaved as fetched."""
+) -> Generator[ReplayRecord, None, None]:
+    """Yield the records of ``topics`` (one topic or several) in ``[start, end)``, interleaved as fetched.
+
+    ``start``, ``end`` and ``partitions`` apply to every topic; a topic (or a chosen partition) that does not exist
+    raises ``TopicMissing`` before anything is yielded.
+    """
+    chosen_topics = [topics] if isinstance(topics, Topic) else list(topics)
+    models = {t.name: t.model for t in chosen_topics}
     conf = {
         **settings.as_librdkafka(),
         # librdkafka needs a group id to build a consumer; assign() never joins it and we never commit.
@@ -133,68 +149,114 @@ def replay(
         "enable.auto.offset.store": False,
         "isolation.level": "read_committed",
         "enable.partition.eof": False,
-        "max.partition.fetch.bytes": 32 * 1024 * 1024,
-        "fetch.max.bytes": 64 * 1024 * 1024,
-        "receive.message.max.bytes": 64 * 1024 * 1024 + 1024,
+        "max.partition.fetch.bytes": 32 * MiB,
+        "fetch.max.bytes": 64 * MiB,
+        "receive.message.max.bytes": 64 * MiB + 1024,
         "logger": LIBRDKAFKA_LOGGER,
     }
     timeout = settings.admin_timeout_s
     with map_kafka_errors("replay: create consumer"):
         consumer = confluent_kafka.Consumer(conf)
     try:
-        with map_kafka_errors(f"replay {topic.name}: metadata"):
-            meta = consumer.list_topics(topic.name, timeout=timeout).topics.get(topic.name)
-        if meta is None or meta.error is not None or not meta.partitions:
-            raise TopicMissing(f"topic {topic.name} does not exist")
-        chosen = sorted(meta.partitions) if partitions is None else list(partitions)
-        unknown = [p for p in chosen if p not in meta.partitions]
-        if unknown:
-            raise TopicMissing(f"topic {topic.name} has no partition {unknown} (it has {len(meta.partitions)})")
-        with map_kafka_errors(f"replay {topic.name}: offsets"):
-            begin = _resolve(consumer, topic.name, chosen, start, -2, timeout)
-            stop = _resolve(consumer, topic.name, chosen, end, -1, timeout)
-        live = {p for p in chosen if begin[p] < stop[p]}
+        begin: dict[tuple[str, int], int] = {}
+        stop: dict[tuple[str, int], int] = {}
+        for name in models:
+            with map_kafka_errors(f"replay {name}: metadata"):
+                meta = consumer.list_topics(name, timeout=timeout).topics.get(name)
+            if meta is None or meta.error is not None or not meta.partitions:
+                raise TopicMissing(f"topic {name} does not exist")
+            chosen = sorted(meta.partitions) if partitions is None else list(partitions)
+            unknown = [p for p in chosen if p not in meta.partitions]
+            if unknown:
+                raise TopicMissing(f"topic {name} has no partition {unknown} (it has {len(meta.partitions)})")
+            with map_kafka_errors(f"replay {name}: offsets"):
+                first = _resolve(consumer, name, chosen, start, -2, timeout)
+                last = _resolve(consumer, name, chosen, end, -1, timeout)
+            begin.update({(name, p): first[p] for p in chosen})
+            stop.update({(name, p): last[p] for p in chosen})
+        live = {tp for tp in begin if begin[tp] < stop[tp]}
         if not live:
             return
-        with map_kafka_errors(f"replay {topic.name}: assign"):
-            consumer.assign([TopicPartition(topic.name, p, begin[p]) for p in sorted(live)])
+        label = ", ".join(models)
+        with map_kafka_errors(f"replay {label}: assign"):
+            consumer.assign([TopicPartition(n, p, begin[(n, p)]) for n, p in sorted(live)])
         last_progress = time.monotonic()
         while live:
-            with map_kafka_errors(f"replay {topic.name}: poll"):
+            with map_kafka_errors(f"replay {label}: poll"):
                 msg = consumer.poll(0.2)
             if msg is None:
                 # Transaction markers and aborted records occupy offsets we never receive: the position tells.
-                with map_kafka_errors(f"replay {topic.name}: position"):
-                    for tp in consumer.position([TopicPartition(topic.name, p) for p in list(live)]):
-                        if tp.offset >= stop[tp.partition]:
-                            live.discard(tp.partition)
-                if time.monotonic() - last_progress > idle_timeout_s:
+                with map_kafka_errors(f"replay {label}: position"):
+                    for tp in consumer.position([TopicPartition(n, p) for n, p in list(live)]):
+                        if tp.offset >= stop[(tp.topic, tp.partition)]:
+                            live.discard((tp.topic, tp.partition))
+                            last_progress = time.monotonic()
+                if live and time.monotonic() - last_progress > idle_timeout_s:
                     return
                 continue
             err = msg.error()
             if err is not None:
-                from eventbus.errors import from_kafka_error
-
-                mapped = from_kafka_error(err, f"replay {topic.name}")
+                mapped = from_kafka_error(err, f"replay {label}")
                 if mapped.retriable:
                     continue
                 raise mapped
             last_progress = time.monotonic()
-            p, offset = msg.partition() or 0, msg.offset() or 0
-            if p not in live:
+            key = (msg.topic() or "", msg.partition() or 0)
+            offset = msg.offset() or 0
+            if key not in live:
                 continue
-            if offset >= stop[p]:
-                live.discard(p)
+            if offset >= stop[key]:
+                live.discard(key)
                 continue
             value = msg.value() or b""
             event: Event | None = None
             error: str | None = None
             try:
-                event = decode(topic.model, value)
+                event = decode(models[key[0]], value)
             except ContractError as exc:
                 error = f"{type(exc).__name__}: {exc}"
-            yield ReplayRecord(topic.name, p, offset, raw_timestamp(msg), raw_key(msg), event, error, bytes(value))
-            if offset + 1 >= stop[p]:
-                live.discard(p)
+            yield ReplayRecord(key[0], key[1], offset, raw_timestamp(msg), raw_key(msg), event, error, bytes(value))
+            if offset + 1 >= stop[key]:
+                live.discard(key)
     finally:
         consumer.close()
+
+
+async def replay_async(
+    settings: KafkaSettings,
+    topics: Topic[Any] | Sequence[Topic[Any]],
+    *,
+    start: Position | None = None,
+    end: Position | None = None,
+    partitions: Sequence[int] | None = None,
+    idle_timeout_s: float = 5.0,
+    chunk_bytes: int = 16 * MiB,
+) -> AsyncGenerator[ReplayRecord, None]:
+    """``replay`` for event-loop code: the same records, while the loop keeps serving (e.g. ``/health``).
+
+    The sync replay runs on one dedicated worker thread (librdkafka's consumer never changes threads) and hands
+    records over in chunks of up to ``chunk_bytes`` of message values (at least one record), so a topic of large
+    batches is never held in memory whole. Leaving the loop early closes the consumer on that thread.
+    """
+    records = replay(settings, topics, start=start, end=end, partitions=partitions, idle_timeout_s=idle_timeout_s)
+    loop = asyncio.get_running_loop()
+    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="floe-replay")
+    try:
+        while chunk := await loop.run_in_executor(executor, _take, records, chunk_bytes):
+            for record in chunk:
+                yield record
+    finally:
+        # Queued behind a chunk still being read (after a cancellation), so the generator never runs on two threads.
+        executor.submit(records.close)
+        executor.shutdown(wait=False)
+
+
+def _take(records: Iterator[ReplayRecord], max_bytes: int) -> list[ReplayRecord]:
+    out: list[ReplayRecord] = []
+    size = 0
+    for record in records:
+        out.append(record)
+        size += len(record.value)
+        if size >= max_bytes or len(out) >= 1024:
+            break
+    return out

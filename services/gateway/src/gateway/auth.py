@@ -1,8 +1,9 @@
-"""Where a call's session token comes from, and which provider's error shape a path speaks.
+"""Where a call's session token comes from.
 
 Token sources, first match wins: the URL prefix ``/s/{token}/...`` (stripped by ``SessionPrefixMiddleware`` before
-routing), ``x-api-key``, ``x-goog-api-key``, ``Authorization: Bearer``, the ``key`` query parameter. Nothing in the
-body is trusted for identity.
+routing), the providers' key headers (``x-api-key``, ``x-goog-api-key``), ``Authorization: Bearer``, their query
+parameters (``key``); the headers and parameters are those of ``contracts.PROVIDERS``. Any source is accepted on any
+path: the token, not the path, names the session. Nothing in the body is trusted for identity.
 """
 
 from __future__ import annotations
@@ -10,17 +11,13 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway.errors import Provider
+from contracts import PROVIDERS
 
-__all__ = ["SessionPrefixMiddleware", "presented_token", "provider_for_path"]
+__all__ = ["SessionPrefixMiddleware", "presented_token"]
 
-
-def provider_for_path(path: str) -> Provider:
-    if path.startswith("/v1/messages"):
-        return "anthropic"
-    if path.startswith("/v1beta") or (path.startswith("/v1/models/") and ":" in path):
-        return "google"
-    return "openai"
+# Vendor key headers before the generic Bearer header (the order these sources have always had).
+_KEY_HEADERS = tuple(dict.fromkeys(p.key_header for p in PROVIDERS if p.key_header != "authorization"))
+_KEY_QUERY = tuple(dict.fromkeys(p.key_query for p in PROVIDERS if p.key_query))
 
 
 class SessionPrefixMiddleware:
@@ -47,12 +44,15 @@ def presented_token(request: Request) -> str | None:
     token = getattr(request.state, "session_token", None)
     if token:
         return str(token)
-    for header in ("x-api-key", "x-goog-api-key"):
+    for header in _KEY_HEADERS:
         value = request.headers.get(header)
         if value:
             return value.strip()
     auth = request.headers.get("authorization", "")
     if auth[:7].lower() == "bearer " and auth[7:].strip():
         return auth[7:].strip()
-    key = request.query_params.get("key")
-    return key or None
+    for param in _KEY_QUERY:
+        key = request.query_params.get(param)
+        if key:
+            return key
+    return None

@@ -29,7 +29,7 @@ from typing import Any
 
 import structlog
 
-from contracts import CallTimings, ModelCallRecorded, Protocol, TokenizationMode, now_ms
+from contracts import CallTimings, ModelCallRecorded, Protocol, TokenizationMode, encode_prompt, now_ms
 from gateway.canonical import (
     CanonicalRequest,
     Message,
@@ -370,14 +370,8 @@ class Turn:
         prompt = self._prompt_ids
         async with session.lock:
             call_index = session.next_call_index
-            prefix_idx: int | None = None
-            prefix_len = 0
-            if gw.delta_encoding:
-                for entry in reversed(session.chain):
-                    seq = entry.sequence
-                    n = _common_prefix(seq, prompt)
-                    if n > prefix_len:
-                        prefix_idx, prefix_len = entry.call_index, n
+            bases = [(e.call_index, e.sequence) for e in session.chain] if gw.delta_encoding else []
+            delta = encode_prompt(prompt, bases)
             extends: bool | None = None
             if session.tokenization is TokenizationMode.CANONICAL:
                 prev = session.chain[-1] if session.chain else None
@@ -394,10 +388,10 @@ class Turn:
                 model=self.req.model,
                 engine_id=self._engine_url,
                 weight_version=version or 0,
-                prompt_token_ids=prompt[prefix_len:],
-                prefix_call_index=prefix_idx if prefix_len else None,
-                prefix_len=prefix_len,
-                prompt_len=len(prompt),
+                prompt_token_ids=list(delta.tail),
+                prefix_call_index=delta.prefix_call_index,
+                prefix_len=delta.prefix_len,
+                prompt_len=delta.prompt_len,
                 completion_token_ids=ids,
                 completion_logprobs=lps,
                 finish_reason=self.result.finish_reason,
@@ -438,7 +432,7 @@ class Turn:
             turn=call_index,
             prompt_len=len(prompt),
             completion_len=len(ids),
-            prefix_len=prefix_len,
+            prefix_len=delta.prefix_len,
             policy_version=version or 0,
         )
 
@@ -462,14 +456,6 @@ class Turn:
             self._admitted = False
             m.inflight.dec()
             self.gw.admission.leave()
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 def _capped_request(req: CanonicalRequest, cap: int) -> tuple[dict[str, Any], bool]:

@@ -16,35 +16,37 @@ Domain code raises typed errors; each provider route renders them in the vendor'
     │   └── UpstreamUnavailable               no engine replica reachable
     └── UpstreamError                    502  the engine answered something we cannot use
 
-``render_openai`` / ``render_anthropic`` / ``render_google`` return ``(status, body, headers)``; the ``*_stream_*``
-variants give the in-stream error event used once a stream has started (the HTTP status is already sent then).
+Each provider's error body (``error_body(err) -> dict``) lives in its routes module, ``gateway.routes.<provider>``,
+keyed by error class (``error_kind``); ``render(error_body, err)`` adds the status and headers. Once a stream has
+started (the HTTP status is already sent) the protocol module sends the same body as its in-stream error event.
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, TypeVar
 
 __all__ = [
     "ContextOverflow",
+    "ErrorBody",
     "Forbidden",
     "GatewayError",
     "InvalidRequest",
     "NotFound",
     "Paused",
     "PayloadTooLarge",
-    "Provider",
     "RecordUnavailable",
     "Unauthenticated",
     "Unavailable",
     "UnsupportedContent",
     "UpstreamError",
     "UpstreamUnavailable",
+    "error_kind",
     "http_status",
     "render",
-    "render_stream_error",
 ]
 
-Provider = Literal["openai", "anthropic", "google"]
+T = TypeVar("T")
 
 
 class GatewayError(Exception):
@@ -119,6 +121,10 @@ class UpstreamError(GatewayError):
     kind = "upstream_error"
 
 
+# A provider's error body: OpenAI ``{error:{message,type,param,code}}``, Anthropic ``{type:"error",error:{...}}``, ...
+ErrorBody = Callable[[GatewayError], dict[str, Any]]
+
+
 _STATUS: dict[type[GatewayError], int] = {
     InvalidRequest: 400,
     Unauthenticated: 401,
@@ -144,75 +150,15 @@ def _headers(err: GatewayError) -> dict[str, str]:
     return {}
 
 
-def _openai_body(err: GatewayError) -> dict[str, Any]:
-    status = http_status(err)
-    if isinstance(err, ContextOverflow):
-        message = (
-            f"This model's maximum context length is {err.max_model_len} tokens. However, your messages resulted in "
-            f"{err.prompt_tokens} tokens. Please reduce the length of the messages."
-        )
-        return {
-            "error": {
-                "message": message,
-                "type": "invalid_request_error",
-                "param": "messages",
-                "code": "context_length_exceeded",
-            }
-        }
-    codes: dict[int, tuple[str, str | None]] = {
-        400: ("invalid_request_error", None),
-        401: ("invalid_request_error", "invalid_api_key"),
-        403: ("invalid_request_error", "forbidden"),
-        404: ("invalid_request_error", "not_found"),
-        413: ("invalid_request_error", "request_too_large"),
-        502: ("server_error", "upstream_error"),
-        503: ("server_error", err.kind),
-    }
-    etype, code = codes.get(status, ("server_error", None))
-    return {"error": {"message": err.message, "type": etype, "param": err.param, "code": code}}
+def error_kind(table: Mapping[type[GatewayError], T], err: GatewayError, default: T) -> T:
+    """The vendor's name for an error (its ``type`` or ``status`` field), looked up by class like ``http_status``;
+    provider tables are keyed by class so that status codes stay in this module."""
+    for cls in type(err).__mro__:
+        if cls in table:
+            return table[cls]
+    return default
 
 
-def _anthropic_body(err: GatewayError) -> dict[str, Any]:
-    status = http_status(err)
-    etype = {
-        400: "invalid_request_error",
-        401: "authentication_error",
-        403: "permission_error",
-        404: "not_found_error",
-        413: "request_too_large",
-        502: "api_error",
-        503: "overloaded_error",
-    }.get(status, "api_error")
-    return {"type": "error", "error": {"type": etype, "message": err.message}}
-
-
-def _google_body(err: GatewayError) -> dict[str, Any]:
-    status = http_status(err)
-    gstatus = {
-        400: "INVALID_ARGUMENT",
-        401: "UNAUTHENTICATED",
-        403: "PERMISSION_DENIED",
-        404: "NOT_FOUND",
-        413: "INVALID_ARGUMENT",
-        502: "INTERNAL",
-        503: "UNAVAILABLE",
-    }.get(status, "INTERNAL")
-    message = err.message
-    if isinstance(err, ContextOverflow):
-        message = (
-            f"The input token count ({err.prompt_tokens}) exceeds the maximum number of tokens allowed "
-            f"({err.max_model_len})."
-        )
-    return {"error": {"code": status, "message": message, "status": gstatus}}
-
-
-def render(provider: Provider, err: GatewayError) -> tuple[int, dict[str, Any], dict[str, str]]:
-    """``(status, body, headers)`` of the provider-shaped error response."""
-    body = {"openai": _openai_body, "anthropic": _anthropic_body, "google": _google_body}[provider](err)
-    return http_status(err), body, _headers(err)
-
-
-def render_stream_error(provider: Provider, err: GatewayError) -> dict[str, Any]:
-    """The body of the in-stream error event (after headers were sent). Same shapes as the JSON errors: Anthropic
-    sends it as an ``event: error``, OpenAI and Google as a ``data:`` line."""
-    return render(provider, err)[1]
+def render(error_body: ErrorBody, err: GatewayError) -> tuple[int, dict[str, Any], dict[str, str]]:
+    """``(status, body, headers)`` of the provider-shaped error response (``error_body`` is the provider's)."""
+    return http_status(err), error_body(err), _headers(err)

@@ -1,11 +1,12 @@
 """In-process session registry: who may call, under which session, with which policy.
 
 Used by ``POST /admin/sessions`` (control-token protected) and in process by the session runner
-(``gateway.sessions``)::
+(``sessions.gateway_node``)::
 
     creds = app.state.registry.create(session_id, group_id, TokenizationMode.EXACT, SamplingPolicy(), "floe-policy",
                                       ttl_s=1800)
     env = creds.env            # OPENAI_API_KEY/OPENAI_BASE_URL, ANTHROPIC_*, GEMINI_API_KEY/GOOGLE_GEMINI_BASE_URL
+                               # (the variables of ``contracts.PROVIDERS``), FLOE_SESSION_TOKEN
     ...run the harness...
     registry.calls(session_id) # model calls recorded so far
     registry.close(session_id) # later calls with its token get 401
@@ -31,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from contracts import SamplingPolicy, TokenizationMode
+from contracts import PROVIDERS, SamplingPolicy, TokenizationMode
 from gateway.errors import Unauthenticated
 
 __all__ = ["ChainEntry", "Session", "SessionCredentials", "SessionRegistry"]
@@ -136,23 +137,16 @@ class SessionRegistry:
         return self._credentials(session, token)
 
     def _credentials(self, session: Session, token: str) -> SessionCredentials:
-        b = self._base_url
-        p = f"{b}/s/{token}"
-        base_urls = {"openai": f"{b}/v1", "anthropic": b, "google": b}
-        prefix_urls = {"openai": f"{p}/v1", "anthropic": p, "google": p}
-        env = {
-            "OPENAI_API_KEY": token,
-            "OPENAI_BASE_URL": base_urls["openai"],
-            "ANTHROPIC_API_KEY": token,
-            "ANTHROPIC_BASE_URL": base_urls["anthropic"],
-            "ANTHROPIC_MODEL": session.model,
-            "GEMINI_API_KEY": token,
-            "GOOGLE_API_KEY": token,
-            "GOOGLE_GEMINI_BASE_URL": base_urls["google"],
-            "GEMINI_MODEL": session.model,
-            "OPENAI_MODEL": session.model,
-            "FLOE_SESSION_TOKEN": token,
-        }
+        # Every provider's base URL, plain and with the token in the path, and the env vars its SDKs and CLIs read.
+        prefixed = f"{self._base_url}/s/{token}"
+        base_urls = {p.name: p.base_url(self._base_url) for p in PROVIDERS}
+        prefix_urls = {p.name: p.base_url(prefixed) for p in PROVIDERS}
+        env: dict[str, str] = {}
+        for p in PROVIDERS:
+            env |= dict.fromkeys(p.key_env, token)
+            env |= dict.fromkeys(p.base_url_env, base_urls[p.name])
+            env |= dict.fromkeys(p.model_env, session.model)
+        env["FLOE_SESSION_TOKEN"] = token
         return SessionCredentials(session.session_id, token, base_urls, prefix_urls, env, session.expires_at)
 
     def resolve(self, token: str | None) -> Session:

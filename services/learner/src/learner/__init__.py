@@ -6,7 +6,7 @@
 
 from learner.checkpoint import LearnerState
 from learner.data import BatchError
-from learner.grpo import LossConfig, group_advantages, policy_loss, staleness_filter, token_weights
+from learner.grpo import LossConfig, policy_loss, staleness_filter, token_weights
 from learner.settings import LearnerSettings
 from learner.train import Learner, StepResult, serve, train_files
 
@@ -17,7 +17,6 @@ __all__ = [
     "LearnerState",
     "LossConfig",
     "StepResult",
-    "group_advantages",
     "policy_loss",
     "serve",
     "staleness_filter",

@@ -1,4 +1,4 @@
-"""The GRPO policy loss, advantages, aggregation weights and the staleness filter: pure functions, CPU-tested.
+"""The GRPO policy loss, aggregation weights and the staleness filter: pure functions, CPU-tested.
 
 Everything here works on flat per-token tensors (one entry per *target* token of a packed micro-batch) and has no
 model, no I/O and no global state, so ``tests/test_grpo.py`` can compare it with a straightforward loop-based
@@ -27,9 +27,10 @@ Deviations from textbook GRPO (Shao et al. 2024), each on purpose:
    With one optimizer step per batch ``pi_prox == pi_theta`` numerically, so ``r == 1`` and the clip only bites when
    ``optimizer_steps_per_batch > 1``.
 2. **Asymmetric clipping** ``[1 - 0.2, 1 + 0.28]`` (DAPO "clip-higher", Polar's recipe) instead of a symmetric eps.
-3. **Advantages come precomputed in the batch.** The rollout service computes them (Polar's leave-one-trajectory-out
-   baseline by default, optionally std-normalised per group); ``group_advantages`` here is the reference
-   implementation for tests. Every token of a sequence shares the sequence's advantage (outcome reward, no critic).
+3. **Advantages come precomputed in the batch.** The rollout service computes them with
+   ``contracts.group_advantages`` (its docstring lists the methods and the default; ``FLOE_ROLLOUT_ADVANTAGE``
+   picks one); the learner only reads the ``advantage`` column. Every token of a sequence shares the sequence's
+   advantage (outcome reward, no critic).
 4. **KL to a frozen reference inside the loss** with the low-variance k3 estimator (as GRPO), but a small default
    coefficient 0.001 (Polar) and *not* multiplied by the importance weight ``rho``.
 5. **Aggregation** is configurable: ``token-mean`` (default; every trainable token of the batch weighs the same,
@@ -50,8 +51,6 @@ matters where the clip or truncation already cuts the term off); masked position
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -63,7 +62,6 @@ __all__ = [
     "Aggregation",
     "LossConfig",
     "StalenessResult",
-    "group_advantages",
     "policy_loss",
     "staleness_filter",
     "token_weights",
@@ -218,46 +216,3 @@ def staleness_filter(
         max_lag=int(kept_lag.max()) if kept_lag.numel() else 0,
         mean_lag=float(kept_lag.double().mean()) if kept_lag.numel() else 0.0,
     )
-
-
-def group_advantages(
-    rewards: Sequence[float],
-    group_ids: Sequence[str],
-    session_ids: Sequence[str],
-    baseline: Literal["loo", "mean"] = "loo",
-    normalize_std: bool = False,
-    eps: float = 1e-6,
-) -> list[float]:
-    """Group-relative advantages per row (trace), as the rollout service computes them.
-
-    A *trajectory* is a session; a session's reward is the mean of its rows' rewards. ``loo`` (Polar's "dynamic-trace
-    leave-one-trajectory-out"): row reward minus the mean of the *other* sessions' rewards in the group. ``mean``
-    (textbook GRPO): row reward minus the group mean of session rewards. With ``normalize_std`` the result is divided
-    by the group's std of session rewards + ``eps``. A group whose session rewards are all equal (or that has a single
-    session) gets zero advantages.
-    """
-    assert len(rewards) == len(group_ids) == len(session_ids), "rewards, group_ids and session_ids differ in length"
-    session_rewards: dict[str, list[float]] = {}
-    session_group: dict[str, str] = {}
-    for r, g, s in zip(rewards, group_ids, session_ids, strict=True):
-        assert session_group.setdefault(s, g) == g, f"session {s} appears in two groups"
-        session_rewards.setdefault(s, []).append(float(r))
-    means = {s: sum(v) / len(v) for s, v in session_rewards.items()}
-    groups: dict[str, list[float]] = {}
-    for s, g in session_group.items():
-        groups.setdefault(g, []).append(means[s])
-    out: list[float] = []
-    for r, g, s in zip(rewards, group_ids, session_ids, strict=True):
-        members = groups[g]
-        if len(members) < 2 or max(members) == min(members):
-            out.append(0.0)
-            continue
-        others = (sum(members) - means[s]) / (len(members) - 1)  # leave this session out
-        base = others if baseline == "loo" else sum(members) / len(members)
-        adv = float(r) - base
-        if normalize_std:
-            mu = sum(members) / len(members)
-            std = math.sqrt(sum((x - mu) ** 2 for x in members) / len(members))
-            adv /= std + eps
-        out.append(adv)
-    return out

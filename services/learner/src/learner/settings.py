@@ -8,14 +8,19 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
+import structlog
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from contracts import TRAJECTORY_BATCHES, WEIGHTS
 from learner.grpo import Aggregation, LossConfig
 
 __all__ = ["LearnerSettings"]
+
+# Renamed settings: old field -> new field. The old name (keyword or FLOE_LEARNER_<OLD>) still works, with a warning.
+_RENAMED = {"batches_topic": "trajectory_batches_topic"}
 
 
 class LearnerSettings(BaseSettings):
@@ -67,18 +72,36 @@ class LearnerSettings(BaseSettings):
         description="rejoin the consumer group as a new member after owning no partition this long (rank 0 is its "
         "group's only member, so it should always own the batches partition)",
     )
-    batches_topic: str | None = Field(default=None, description="override the trajectory-batches topic name")
-    weights_topic: str | None = Field(default=None, description="override the weights topic name")
+    # Topic names (tests use renamed copies): <registry topic>_topic, as in every service's settings.
+    trajectory_batches_topic: str = TRAJECTORY_BATCHES.name
+    weights_topic: str = WEIGHTS.name
 
     # Test hook: sleep this long inside each step, after backward and before the optimizer step, so a crash test
     # can kill the process mid-step deterministically. Never set in production.
     debug_step_delay_s: float = Field(default=0.0, ge=0)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        for old, new in _RENAMED.items():
+            old_env = f"FLOE_LEARNER_{old.upper()}"
+            if old in data:
+                name, use, value = old, new, data.pop(old)
+            else:
+                name, use, value = old_env, f"FLOE_LEARNER_{new.upper()}", os.environ.get(old_env)
+            if value is not None:
+                # A fresh logger each time: settings are built before and after logging is configured.
+                structlog.get_logger().warning("deprecated_setting", name=name, use=use)
+                data.setdefault(new, value)  # the new name wins when both are set
+        return data
+
     @model_validator(mode="after")
     def _check(self) -> LearnerSettings:
         self.loss_config()  # asserts its invariants early
         # A misspelt knob must not silently fall back to its default.
-        known = {f"FLOE_LEARNER_{name.upper()}" for name in type(self).model_fields}
+        known = {f"FLOE_LEARNER_{name.upper()}" for name in [*type(self).model_fields, *_RENAMED]}
         unknown = sorted(k for k in os.environ if k.startswith("FLOE_LEARNER_") and k not in known)
         if unknown:
             raise ValueError(f"unknown learner setting(s) in the environment: {', '.join(unknown)}")

@@ -331,8 +331,8 @@ async def serve(
         await asyncio.to_thread(_follow, learner)
         return
     kafka = kafka or KafkaSettings()
-    batches = TRAJECTORY_BATCHES.with_name(settings.batches_topic) if settings.batches_topic else TRAJECTORY_BATCHES
-    weights_topic = WEIGHTS.with_name(settings.weights_topic) if settings.weights_topic else WEIGHTS
+    batches = TRAJECTORY_BATCHES.with_name(settings.trajectory_batches_topic)
+    weights_topic = WEIGHTS.with_name(settings.weights_topic)
     await ensure_topics(kafka, [batches, weights_topic, DEAD_LETTER])
     stop = stop or asyncio.Event()
     try:

@@ -1,12 +1,12 @@
 """floe rollout: GRPO groups, trajectory reconstruction (per_request, prefix_merging), advantages, Arrow batches.
 
 Pure core (no broker, no clock): ``build_trajectories`` (builders), ``GroupAssembler`` (join calls + end + reward,
-group-normalized advantages), ``BatchEncoder`` (Arrow IPC inline or claim check), ``Scheduler`` (admission, stragglers,
-deadlines), ``rebuild`` (offline replay). Service: ``RolloutService`` over Kafka transactions, ``create_app`` (HTTP
-``/state``, ``/metrics``).
+group-normalized advantages with ``contracts.group_advantages``), ``BatchEncoder`` (Arrow IPC inline or claim
+check), ``Scheduler`` (admission, stragglers, deadlines), ``rebuild`` (offline replay). Service: ``RolloutService``
+over Kafka transactions, ``create_app`` (HTTP ``/state``, ``/metrics``).
 """
 
-from rollout.advantages import GroupAdvantages, SessionOutcome, classify, group_advantages
+from rollout.advantages import SessionOutcome, classify
 from rollout.app import create_app
 from rollout.batching import BatchEncoder, batch_id_for, load_batch_table
 from rollout.builders import BUILDERS, build_per_request, build_prefix_merging, build_trajectories
@@ -25,7 +25,6 @@ __all__ = [
     "BatchEncoder",
     "BuildResult",
     "DecodedCall",
-    "GroupAdvantages",
     "GroupAssembler",
     "GroupResult",
     "ReconstructionError",
@@ -48,7 +47,6 @@ __all__ = [
     "create_app",
     "decode_calls",
     "export_sft",
-    "group_advantages",
     "load_batch_table",
     "rebuild",
     "write_group",

@@ -1,7 +1,8 @@
 """Turn finished groups into ``TrajectoryBatch`` events: Arrow IPC inline, or a claim check above a size limit.
 
-- The Arrow stream uses ``contracts.arrow.TRAJECTORY_SCHEMA`` as is, with IPC buffer compression (zstd by default;
-  the Kafka topic itself is not compressed again, kafka.md §3.2).
+- The rows are ``contracts.TrajectoryRow`` values and the table is ``contracts.trajectory_table`` (schema
+  ``TRAJECTORY_SCHEMA`` as is); the Arrow stream uses IPC buffer compression (zstd by default; the Kafka topic itself
+  is not compressed again, kafka.md §3.2).
 - A stream larger than ``inline_max_bytes`` is written to ``claim_url`` (a directory, or any fsspec URL) under a
   content-addressed name ``<batch_id>-<sha256[:16]>.arrow``: the file is written completely (temporary name, then
   rename) *before* the event that names it is produced, so an aborted transaction leaves at most an orphan file,
@@ -25,7 +26,7 @@ from typing import Any
 import fsspec
 import pyarrow as pa
 
-from contracts import TRAJECTORY_SCHEMA, TrajectoryBatch, read_ipc, to_ipc
+from contracts import TrajectoryBatch, read_ipc, to_ipc, trajectory_table
 from rollout.groups import GroupResult
 from rollout.trace import ReconstructionStats
 
@@ -49,8 +50,7 @@ class BatchEncoder:
     ) -> TrajectoryBatch:
         if not groups:
             raise ValueError("a batch needs at least one group")
-        rows = [row for g in groups for row in g.rows]
-        table = pa.Table.from_pylist(rows, schema=TRAJECTORY_SCHEMA)
+        table = trajectory_table(row for g in groups for row in g.rows)
         data = to_ipc(table, compression=self.compression)
         versions = [g.weight_versions() for g in groups]
         batch_id = batch_id_for(self.builder, [g.group_id for g in groups])

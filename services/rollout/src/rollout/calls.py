@@ -1,24 +1,23 @@
 """Decode one session's recorded model calls into full prompts (pure).
 
-The gateway delta-encodes prompts (``contracts.ModelCallRecorded``): the full prompt of call *i* is
-``sequence(prefix_call_index)[:prefix_len] + prompt_token_ids`` where ``sequence(j)`` is call *j*'s full prompt followed
-by its completion ids. Builders need full prompts, so this module undoes that encoding once, in call order.
+The gateway delta-encodes prompts (``contracts.prompt_delta``, which holds both the encoder and the decoder).
+Builders need full prompts, so this module collects a session's records and undoes that encoding once, in call order.
 
 Invariants checked here (a violation raises ``ReconstructionError``, never a silent fix):
 - calls of one session only; redelivered records (same ``call_index`` and ``call_id``) are collapsed, two different
   records with one ``call_index`` are a conflict;
-- a referenced prefix call exists and is long enough;
-- the decoded length equals ``prompt_len``.
+- every prompt decodes: its referenced prefix call exists and is long enough, and the decoded length equals
+  ``prompt_len`` (``contracts.PromptDeltaError``, re-raised as ``ReconstructionError`` with the same message).
 Gaps in ``call_index`` are allowed (a lost record is reported by the caller via ``SessionFinished.calls``), but a call
 whose prefix refers to a missing call cannot be decoded and raises.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-from contracts import FinishReason, ModelCallRecorded, TokenizationMode
+from contracts import FinishReason, ModelCallRecorded, PromptDeltaError, TokenizationMode, decode_prompts
 
 __all__ = ["DecodedCall", "ReconstructionError", "decode_calls"]
 
@@ -61,12 +60,13 @@ def decode_calls(calls: Iterable[ModelCallRecorded]) -> list[DecodedCall]:
             )
     if len(session_ids) > 1:
         raise ReconstructionError(f"calls of several sessions given to one reconstruction: {sorted(session_ids)}")
-    sequences: dict[int, tuple[int, ...]] = {}
-    out: list[DecodedCall] = []
-    for index in sorted(by_index):
-        call = by_index[index]
-        prompt = _full_prompt(call, sequences)
-        decoded = DecodedCall(
+    ordered = [by_index[index] for index in sorted(by_index)]
+    try:
+        prompts = decode_prompts(ordered)
+    except PromptDeltaError as exc:
+        raise ReconstructionError(str(exc)) from exc
+    return [
+        DecodedCall(
             call_index=call.call_index,
             call_id=call.call_id,
             tokenization=call.tokenization,
@@ -76,28 +76,5 @@ def decode_calls(calls: Iterable[ModelCallRecorded]) -> list[DecodedCall]:
             logprobs=tuple(call.completion_logprobs),
             finish_reason=call.finish_reason,
         )
-        sequences[index] = decoded.sequence
-        out.append(decoded)
-    return out
-
-
-def _full_prompt(call: ModelCallRecorded, sequences: dict[int, tuple[int, ...]]) -> tuple[int, ...]:
-    if call.prefix_call_index is None:
-        prompt = tuple(call.prompt_token_ids)
-    else:
-        base: Sequence[int] | None = sequences.get(call.prefix_call_index)
-        if base is None:
-            raise ReconstructionError(
-                f"call {call.call_index} refers to prefix call {call.prefix_call_index}, which was not recorded"
-            )
-        if call.prefix_len > len(base):
-            raise ReconstructionError(
-                f"call {call.call_index}: prefix_len {call.prefix_len} exceeds call {call.prefix_call_index}'s "
-                f"sequence length {len(base)}"
-            )
-        prompt = tuple(base[: call.prefix_len]) + tuple(call.prompt_token_ids)
-    if len(prompt) != call.prompt_len:
-        raise ReconstructionError(
-            f"call {call.call_index}: decoded prompt has {len(prompt)} tokens, prompt_len says {call.prompt_len}"
-        )
-    return prompt
+        for call, prompt in zip(ordered, prompts, strict=True)
+    ]

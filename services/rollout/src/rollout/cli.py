@@ -17,6 +17,8 @@ __all__ = ["main"]
 
 
 def _parser() -> argparse.ArgumentParser:
+    from contracts import ADVANTAGE_METHODS
+
     p = argparse.ArgumentParser(prog="floe rollout", description="floe rollout service tools")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -27,7 +29,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--builder", default="prefix_merging", choices=["per_request", "prefix_merging"])
     r.add_argument("--out", required=True, help="output directory")
     r.add_argument("--eot-token-ids", default="", help="comma-separated end-of-turn ids (default: auto-detect)")
-    r.add_argument("--advantage", default="mean_std", choices=["mean_std", "mean", "loo", "loo_std"])
+    r.add_argument("--advantage", default="mean_std", choices=ADVANTAGE_METHODS)
     r.add_argument("--groups-per-batch", type=int, default=1)
     r.add_argument("--drop-zero-signal", action="store_true")
     r.add_argument("--topic-suffix", default="", help="read renamed topic copies (tests)")

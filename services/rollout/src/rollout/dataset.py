@@ -25,7 +25,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from contracts import TRAJECTORY_SCHEMA
+from contracts import TRAJECTORY_SCHEMA, trajectory_table
 from rollout.groups import GroupResult
 
 __all__ = ["DATASET_SCHEMA", "ExportCounts", "export_sft", "iter_dataset", "write_group"]
@@ -43,8 +43,11 @@ DATASET_SCHEMA = pa.schema(
 def write_group(dataset_dir: str | Path, group: GroupResult) -> Path:
     root = Path(dataset_dir)
     root.mkdir(parents=True, exist_ok=True)
-    rows = [{**row, **extra} for row, extra in zip(group.rows, group.extras, strict=True)]
-    table = pa.Table.from_pylist(rows, schema=DATASET_SCHEMA)
+    extras = group.extras
+    table = trajectory_table(group.rows)
+    for name in ("request_json", "final_completion"):
+        field = DATASET_SCHEMA.field(name)
+        table = table.append_column(field, pa.array([e[name] for e in extras], type=field.type))
     path = root / f"{group.group_id}.parquet"
     tmp = root / f".{group.group_id}.{uuid.uuid4().hex}.tmp"
     pq.write_table(table, tmp, compression="zstd")

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from contracts import (
+    AdvantageMethod,
     Event,
     ModelCallRecorded,
     RewardPublished,
@@ -27,8 +28,10 @@ from contracts import (
     SessionKind,
     SessionRequested,
     SessionState,
+    TrajectoryRow,
+    group_advantages,
 )
-from rollout.advantages import AdvantageMethod, classify, group_advantages, needs_reward
+from rollout.advantages import classify, needs_reward
 from rollout.builders import build_trajectories
 from rollout.calls import ReconstructionError
 from rollout.trace import ReconstructionStats, Trace
@@ -66,7 +69,7 @@ class _Session:
 class SessionRows:
     session_id: str
     harness: str
-    rows: list[dict[str, Any]]
+    rows: list[TrajectoryRow]
     extras: list[dict[str, Any]]  # per row: request_json, final_completion (for the Parquet dataset / SFT export)
     stats: ReconstructionStats
     trainable: bool
@@ -82,7 +85,7 @@ class GroupResult:
     kind: str = "train"  # "eval" when the group's requests were eval runs: measured, never trained on
 
     @property
-    def rows(self) -> list[dict[str, Any]]:
+    def rows(self) -> list[TrajectoryRow]:
         return [row for s in self.sessions for row in s.rows]
 
     @property
@@ -97,7 +100,7 @@ class GroupResult:
         return total
 
     def weight_versions(self) -> tuple[int, int]:
-        versions = [v for row in self.rows for v in row["weight_versions"] if v >= 0]
+        versions = [v for row in self.rows for v in row.weight_versions if v >= 0]
         return (min(versions), max(versions)) if versions else (0, 0)
 
 
@@ -288,35 +291,34 @@ class GroupAssembler:
     ) -> SessionRows:
         # A session without traces still gets one empty placeholder row so the group stays aligned.
         items: list[Trace | None] = list(traces) or [None]
-        rows: list[dict[str, Any]] = []
+        rows: list[TrajectoryRow] = []
         extras: list[dict[str, Any]] = []
         for i, trace in enumerate(items):
-            tokens = list(trace.tokens) if trace else []
+            tokens = trace.tokens if trace else ()
             if trace is not None and trainable:
-                loss_mask, logprobs, versions = list(trace.loss_mask), list(trace.logprobs), list(trace.weight_versions)
+                loss_mask, logprobs, versions = trace.loss_mask, trace.logprobs, trace.weight_versions
             else:
-                loss_mask, logprobs, versions = [0] * len(tokens), [0.0] * len(tokens), [-1] * len(tokens)
+                loss_mask, logprobs, versions = (0,) * len(tokens), (0.0,) * len(tokens), (-1,) * len(tokens)
             rows.append(
-                {
-                    "trajectory_id": f"{s.session_id}/{i}",
-                    "session_id": s.session_id,
-                    "group_id": s.group_id,
-                    "task_id": f.task_id,
-                    "harness": f.harness,
-                    "builder": self.builder,
-                    "trace_index": i,
-                    "num_traces": len(items),
-                    "prompt_len": trace.prompt_len if trace else 0,
-                    "tokens": tokens,
-                    "loss_mask": loss_mask,
-                    "logprobs": logprobs,
-                    "weight_versions": versions,
-                    "reward": reward,
-                    "advantage": advantage if trainable else 0.0,
-                    "session_weight": 1.0 / len(items),
-                    "status": status,
-                    "masked_reason": None if trainable else reason,
-                }
+                TrajectoryRow(
+                    session_id=s.session_id,
+                    group_id=s.group_id,
+                    task_id=f.task_id,
+                    harness=f.harness,
+                    builder=self.builder,
+                    trace_index=i,
+                    num_traces=len(items),
+                    prompt_len=trace.prompt_len if trace else 0,
+                    tokens=tokens,
+                    loss_mask=loss_mask,
+                    logprobs=logprobs,
+                    weight_versions=versions,
+                    reward=reward,
+                    advantage=advantage if trainable else 0.0,
+                    session_weight=1.0 / len(items),
+                    status=status,
+                    masked_reason=None if trainable else reason,
+                )
             )
             last = s.calls.get(trace.call_indices[-1]) if trace else None
             extras.append(

@@ -96,18 +96,18 @@ class RolloutMetrics:
             self._chains.labels(s.harness).inc(s.stats.chains)
             self._breaks.labels(s.harness).inc(s.stats.breaks)
             if not s.trainable:
-                reason = (s.rows[0]["masked_reason"] or "masked").split(":")[0]
+                reason = (s.rows[0].masked_reason or "masked").split(":")[0]
                 self.masked[reason] += 1
                 self._masked.labels(reason).inc()
             for row in s.rows:
-                trainable = sum(row["loss_mask"])
-                masked = len(row["tokens"]) - trainable
+                trainable = sum(row.loss_mask)
+                masked = len(row.tokens) - trainable
                 self.tokens["trainable"] += trainable
                 self.tokens["masked"] += masked
                 self._tokens.labels("trainable").inc(trainable)
                 self._tokens.labels("masked").inc(masked)
         for s in group.sessions:
-            for version in {v for row in s.rows for v in row["weight_versions"] if v >= 0}:
+            for version in {v for row in s.rows for v in row.weight_versions if v >= 0}:
                 lag = max(0, self.learner_version - version)
                 self.staleness[lag] += 1
                 self._staleness.observe(lag)
@@ -117,7 +117,7 @@ class RolloutMetrics:
         for s in group.sessions:
             if s.trainable:
                 self.eval["sessions"] += 1
-                self.eval["reward_sum"] += float(s.rows[0]["reward"])
+                self.eval["reward_sum"] += float(s.rows[0].reward)
             else:
                 self.eval["masked"] += 1
         self._eval.labels("groups").inc()

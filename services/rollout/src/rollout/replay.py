@@ -2,7 +2,7 @@
 
 Input is either a JSONL file of recorded events (one per line: a bare event, or ``{"type": "<EventName>", "event":
 {...}}`` / ``{"topic": "<topic name>", "event": {...}}``) or the Kafka topics themselves, read with a throw-away
-consumer that never commits and never writes (``reader.read_to_end``): ``ModelCallRecorded`` events are filtered to
+consumer that never commits and never writes (``eventbus.replay``): ``ModelCallRecorded`` events are filtered to
 ``--from``/``--to`` (an offset, or an ISO-8601 time), the sessions' requests, ends and rewards are joined from their
 whole topics. Live topics and consumer groups are untouched.
 
@@ -21,9 +21,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import structlog
 from pydantic import ValidationError
 
 from contracts import (
+    AdvantageMethod,
     Event,
     ModelCallRecorded,
     RewardPublished,
@@ -32,12 +34,13 @@ from contracts import (
     TrajectoryBatch,
     topic_by_name,
 )
-from rollout.advantages import AdvantageMethod
 from rollout.batching import BatchEncoder
 from rollout.groups import GroupAssembler, GroupResult
 from rollout.trace import ReconstructionStats
 
 __all__ = ["Bound", "ReplayResult", "load_events_jsonl", "parse_bound", "rebuild", "write_result"]
+
+log = structlog.get_logger()
 
 _BY_NAME: dict[str, type[Event]] = {
     m.__name__: m for m in (ModelCallRecorded, SessionFinished, RewardPublished, SessionRequested)
@@ -166,15 +169,21 @@ def write_result(result: ReplayResult, out_dir: str | Path) -> list[Path]:
 async def read_kafka(
     kafka: Any, topics: Sequence[Any], calls_topic_name: str, start: Bound | None, end: Bound | None
 ) -> list[Event]:
-    """Events of ``topics``; ``ModelCallRecorded`` only within [start, end)."""
-    from rollout.reader import read_to_end
+    """Events of ``topics`` read to their current end; ``ModelCallRecorded`` only within [start, end)."""
+    from eventbus.replay import replay_async
 
     events: list[Event] = []
-    async for msg in read_to_end(kafka, topics):
-        if msg.topic == calls_topic_name:
-            if start is not None and start.before(msg.offset, msg.timestamp_ms):
+    skipped = 0
+    async for record in replay_async(kafka, topics, idle_timeout_s=1.0):
+        if record.event is None:  # the live consumers dead-lettered it; a rebuild never writes
+            skipped += 1
+            continue
+        if record.topic == calls_topic_name:
+            if start is not None and start.before(record.offset, record.timestamp_ms):
                 continue
-            if end is not None and not end.before(msg.offset, msg.timestamp_ms):
+            if end is not None and not end.before(record.offset, record.timestamp_ms):
                 continue
-        events.append(msg.event)
+        events.append(record.event)
+    if skipped:
+        log.warning("undecodable messages skipped while reading", count=skipped)
     return events

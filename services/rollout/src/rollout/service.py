@@ -11,8 +11,8 @@ the topics** on start and after an aborted transaction (``_recover``), in this o
 
 1. the transactional producer is initialised first, which fences any previous incarnation with the same
    ``instance_id`` and aborts its open transaction;
-2. the output topic is read to its end (``read_committed``): every group already published is marked emitted, and
-   the next ``step`` is one past the last published batch;
+2. the output topic is read to its end (``eventbus.replay``, ``read_committed``): every group already published is
+   marked emitted, and the next ``step`` is one past the last published batch;
 3. the input topics are read to their end into the assembler and the scheduler (duplicates are ignored).
 
 Then the processor resumes from its committed offsets. A ``kill -9`` at any moment therefore neither loses (an
@@ -55,17 +55,21 @@ from contracts import (
     WeightsPublished,
 )
 from eventbus import KafkaSettings, Producer, TransactionalProcessor, ensure_topics
+from eventbus.replay import replay_async
 from rollout.batching import BatchEncoder, load_batch_table
 from rollout.dataset import write_group
 from rollout.groups import GroupAssembler, GroupResult
 from rollout.metrics import RolloutMetrics
-from rollout.reader import read_to_end
 from rollout.scheduler import RunSpec, Scheduler, SchedulerConfig
 from rollout.settings import RolloutSettings, RunSettings
 
 __all__ = ["RolloutService", "Topics", "run_specs"]
 
 log = structlog.get_logger()
+
+# The rebuild stops reading a topic after this long without a message or progress: an open transaction of another
+# producer holds the topic's stable end back, and its messages come through the live consumer anyway.
+REBUILD_IDLE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -222,9 +226,13 @@ class RolloutService:
     async def _recover(self) -> None:
         self._reset()
         t0 = time.monotonic()
-        batches = 0
-        async for msg in read_to_end(self.kafka, [self.topics.batches]):
-            event = msg.event
+        batches = events = skipped = 0
+        # A message that does not decode was dead-lettered by the live consumer already: the rebuild skips it.
+        async for record in replay_async(self.kafka, self.topics.batches, idle_timeout_s=REBUILD_IDLE_S):
+            event = record.event
+            if event is None:
+                skipped += 1
+                continue
             assert isinstance(event, TrajectoryBatch)
             table = load_batch_table(event).select(["group_id", "session_id"])
             self.assembler.mark_emitted(
@@ -232,10 +240,14 @@ class RolloutService:
             )
             self.step = max(self.step, event.step + 1)
             batches += 1
-        events = 0
-        async for msg in read_to_end(self.kafka, self.topics.inputs):
-            self._observe(msg.event)
+        async for record in replay_async(self.kafka, self.topics.inputs, idle_timeout_s=REBUILD_IDLE_S):
+            if record.event is None:
+                skipped += 1
+                continue
+            self._observe(record.event)
             events += 1
+        if skipped:
+            log.warning("undecodable messages skipped while rebuilding", count=skipped)
         self._update_depths()
         log.info(
             "state rebuilt from topics",

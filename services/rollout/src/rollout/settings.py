@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from contracts import TRAJECTORY_BATCHES, SamplingPolicy, SessionKind, TokenizationMode
+from contracts import TRAJECTORY_BATCHES, AdvantageMethod, SamplingPolicy, SessionKind, TokenizationMode
 
 __all__ = ["RolloutSettings", "RunSettings"]
 
@@ -45,7 +45,7 @@ class RolloutSettings(BaseSettings):
     # ---- reconstruction
     builder: Literal["per_request", "prefix_merging"] = "prefix_merging"
     eot_token_ids: list[int] | None = Field(default=None, description="end-of-turn ids (default: auto-detect)")
-    advantage: Literal["mean_std", "mean", "loo", "loo_std"] = "mean_std"
+    advantage: AdvantageMethod = Field(default="mean_std", description="contracts.group_advantages method")
     drop_zero_signal_groups: bool = Field(default=True, description="leave all-equal-reward groups out of batches")
     missing_calls_grace_s: float = Field(default=120.0, gt=0, description="wait this long for late model calls")
     # ---- batches

@@ -19,6 +19,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from contracts import PROVIDERS
+
 __all__ = [
     "TEMPLATE_VARS",
     "ConfigFile",
@@ -36,9 +38,8 @@ TEMPLATE_VARS: frozenset[str] = frozenset(
         "token",  # the per-session gateway credential, used as every provider's API key
         "model",  # the model name presented to the harness
         "gateway_url",  # http://127.0.0.1:<inner port> inside the sandbox
-        "openai_base_url",  # ${gateway_url}/v1
-        "anthropic_base_url",  # ${gateway_url}
-        "google_base_url",  # ${gateway_url}
+        # one per provider API family: openai_base_url (${gateway_url}/v1), anthropic_base_url, google_base_url
+        *(p.template_var for p in PROVIDERS),
         "prompt",  # the task's problem statement
         "prompt_file",  # the same text in a file under ${home}
         "workspace",  # the repository, writable

@@ -31,7 +31,7 @@ from gateway.canonical import (
     TurnResult,
 )
 from gateway.core import Turn
-from gateway.errors import GatewayError, InvalidRequest, UnsupportedContent, render_stream_error
+from gateway.errors import ErrorBody, GatewayError, InvalidRequest, UnsupportedContent
 from gateway.protocols.sse import sse
 
 __all__ = ["PROTOCOL", "CountTokensRequest", "MessagesRequest", "render_json", "stream", "to_canonical"]
@@ -228,7 +228,7 @@ def render_json(r: TurnResult) -> dict[str, Any]:
     }
 
 
-async def stream(turn: Turn) -> AsyncIterator[bytes]:
+async def stream(turn: Turn, error_body: ErrorBody) -> AsyncIterator[bytes]:
     r = turn.result
     start: dict[str, Any] = {
         "id": f"msg_{r.call_id}",
@@ -308,7 +308,7 @@ async def stream(turn: Turn) -> AsyncIterator[bytes]:
                 )
                 yield sse({"type": "content_block_stop", "index": index}, "content_block_stop")
     except GatewayError as err:
-        yield sse(render_stream_error("anthropic", err), "error")
+        yield sse(error_body(err), "error")
         return
     if open_kind is not None:
         yield stop_block()

@@ -30,7 +30,7 @@ from gateway.canonical import (
     TurnResult,
 )
 from gateway.core import Turn
-from gateway.errors import GatewayError, InvalidRequest, UnsupportedContent, render_stream_error
+from gateway.errors import ErrorBody, GatewayError, InvalidRequest, UnsupportedContent
 from gateway.protocols.sse import sse
 
 __all__ = ["PROTOCOL", "CountTokensRequest", "GenerateRequest", "render_json", "stream", "to_canonical"]
@@ -206,7 +206,7 @@ def render_json(r: TurnResult) -> dict[str, Any]:
     return _chunk(r, parts, finish=True)
 
 
-async def stream(turn: Turn, sse_mode: bool) -> AsyncIterator[bytes]:
+async def stream(turn: Turn, sse_mode: bool, error_body: ErrorBody) -> AsyncIterator[bytes]:
     r = turn.result
     first = True
 
@@ -227,7 +227,7 @@ async def stream(turn: Turn, sse_mode: bool) -> AsyncIterator[bytes]:
             elif isinstance(e, ToolCallDelta):
                 yield emit(_chunk(r, [_call_part(e.call)], finish=False))
     except GatewayError as err:
-        yield emit(render_stream_error("google", err))
+        yield emit(error_body(err))
         if not sse_mode:
             yield b"]"
         return

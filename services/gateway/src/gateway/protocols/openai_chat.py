@@ -26,7 +26,7 @@ from gateway.canonical import (
     TurnResult,
 )
 from gateway.core import Turn
-from gateway.errors import GatewayError, InvalidRequest, UnsupportedContent, render_stream_error
+from gateway.errors import ErrorBody, GatewayError, InvalidRequest, UnsupportedContent
 from gateway.protocols.sse import sse
 
 __all__ = ["PROTOCOL", "ChatRequest", "render_json", "stream", "to_canonical"]
@@ -196,7 +196,7 @@ def render_json(r: TurnResult) -> dict[str, Any]:
     }
 
 
-async def stream(turn: Turn, include_usage: bool) -> AsyncIterator[bytes]:
+async def stream(turn: Turn, include_usage: bool, error_body: ErrorBody) -> AsyncIterator[bytes]:
     r = turn.result
     base = {
         "id": f"chatcmpl-{r.call_id}",
@@ -231,7 +231,7 @@ async def stream(turn: Turn, include_usage: bool) -> AsyncIterator[bytes]:
                 )
                 yield chunk({"tool_calls": [{"index": ev.index, "function": {"arguments": c.arguments}}]})
     except GatewayError as err:
-        yield sse(render_stream_error("openai", err))
+        yield sse(error_body(err))
         return
     yield chunk({}, _FINISH.get(r.finish_reason, "stop"))
     if include_usage:

@@ -32,7 +32,7 @@ from gateway.canonical import (
     TurnResult,
 )
 from gateway.core import Turn
-from gateway.errors import GatewayError, InvalidRequest, UnsupportedContent, render_stream_error
+from gateway.errors import ErrorBody, GatewayError, InvalidRequest, UnsupportedContent
 from gateway.protocols.sse import sse
 
 __all__ = ["PROTOCOL", "ResponsesRequest", "render_json", "stream", "to_canonical"]
@@ -243,7 +243,7 @@ def render_json(r: TurnResult) -> dict[str, Any]:
     return _response(r, "incomplete" if r.finish_reason == "length" else "completed", _items(r))
 
 
-async def stream(turn: Turn, body: ResponsesRequest) -> AsyncIterator[bytes]:
+async def stream(turn: Turn, body: ResponsesRequest, error_body: ErrorBody) -> AsyncIterator[bytes]:
     r = turn.result
     seq = 0
 
@@ -369,7 +369,7 @@ async def stream(turn: Turn, body: ResponsesRequest) -> AsyncIterator[bytes]:
                 yield ev("response.output_item.done", output_index=idx, item=item)
                 done.append(item)
     except GatewayError as err:
-        body_err = render_stream_error("openai", err)["error"]
+        body_err = error_body(err)["error"]
         yield ev("error", code=body_err.get("code"), message=body_err["message"], param=body_err.get("param"))
         return
     for b in close_open():

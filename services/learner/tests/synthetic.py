@@ -1,4 +1,7 @@
-"""Synthetic models and trajectory batches for tests, benchmarks and demos: no real sessions involved.
+"""Synthetic models and trajectory batches for the learner's tests and benchmarks: no real sessions involved.
+
+A test fixture, so it lives with the tests: ``tests/`` is a package (``from .synthetic import ...``); the benchmarks
+under ``bench/learner*`` put this directory on ``sys.path`` and ``import synthetic``.
 
 - ``save_tiny_model``: a random-init Qwen2-style causal LM (fixed seed) saved as safetensors + config.json, so the
   learner can be exercised without downloading anything.
@@ -6,7 +9,7 @@
   (prompt_i = prompt_{i-1} + completion_{i-1} + tool tokens), with per-token sampling logprobs and versions.
 - ``per_request_rows`` / ``prefix_merging_rows``: the two trajectory forms of the same sessions (polar.md §3.2 and
   §3.3): one row per call with its full prompt, or one merged row per session chain whose tool/template tokens
-  are masked. Rows follow ``contracts.arrow.TRAJECTORY_SCHEMA``.
+  are masked. Rows are ``contracts.TrajectoryRow``.
 
 Limits: token ids and logprobs are random, not sampled from a model; use them for speed and plumbing, never to
 claim learning. Chains never break here (real prefix merging may split a session into several chains).
@@ -17,11 +20,10 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from learner.grpo import group_advantages
+from contracts import TrajectoryRow, group_advantages
 
 __all__ = [
     "SyntheticCall",
@@ -81,31 +83,29 @@ def trajectory_row(
     num_traces: int = 1,
     builder: str = "per_request",
     status: str = "DONE",
-) -> dict[str, Any]:
-    """One ``TRAJECTORY_SCHEMA`` row; prompt positions are masked with logprob 0 and version -1."""
+) -> TrajectoryRow:
+    """One trajectory row; prompt positions are masked with logprob 0 and version -1."""
     assert len(response) == len(response_mask) == len(response_logprobs) == len(response_versions), "misaligned"
     masked_versions = [v if m else -1 for v, m in zip(response_versions, response_mask, strict=True)]
     masked_lps = [lp if m else 0.0 for lp, m in zip(response_logprobs, response_mask, strict=True)]
-    return {
-        "trajectory_id": f"{session_id}/{trace_index}",
-        "session_id": session_id,
-        "group_id": group_id,
-        "task_id": group_id,
-        "harness": "synthetic",
-        "builder": builder,
-        "trace_index": trace_index,
-        "num_traces": num_traces,
-        "prompt_len": len(prompt),
-        "tokens": prompt + response,
-        "loss_mask": [0] * len(prompt) + list(response_mask),
-        "logprobs": [0.0] * len(prompt) + masked_lps,
-        "weight_versions": [-1] * len(prompt) + masked_versions,
-        "reward": reward,
-        "advantage": advantage,
-        "session_weight": 1.0 / num_traces,
-        "status": status,
-        "masked_reason": None,
-    }
+    return TrajectoryRow(
+        session_id=session_id,
+        group_id=group_id,
+        task_id=group_id,
+        harness="synthetic",
+        builder=builder,
+        trace_index=trace_index,
+        num_traces=num_traces,
+        prompt_len=len(prompt),
+        tokens=(*prompt, *response),
+        loss_mask=(0,) * len(prompt) + tuple(response_mask),
+        logprobs=(0.0,) * len(prompt) + tuple(masked_lps),
+        weight_versions=(-1,) * len(prompt) + tuple(masked_versions),
+        reward=reward,
+        advantage=advantage,
+        session_weight=1.0 / num_traces,
+        status=status,
+    )
 
 
 @dataclass(frozen=True)
@@ -149,11 +149,11 @@ def synthetic_sessions(
     return out
 
 
-def per_request_rows(sessions: dict[str, tuple[str, float, list[SyntheticCall]]]) -> list[dict[str, Any]]:
+def per_request_rows(sessions: dict[str, tuple[str, float, list[SyntheticCall]]]) -> list[TrajectoryRow]:
     """One row per call: its full prompt (untrainable) + its completion (trainable)."""
     ids = list(sessions)
     adv = dict(zip(ids, _advantages(sessions), strict=True))
-    rows = []
+    rows: list[TrajectoryRow] = []
     for sid in ids:
         group, reward, calls = sessions[sid]
         for t, c in enumerate(calls):
@@ -176,12 +176,12 @@ def per_request_rows(sessions: dict[str, tuple[str, float, list[SyntheticCall]]]
     return rows
 
 
-def prefix_merging_rows(sessions: dict[str, tuple[str, float, list[SyntheticCall]]]) -> list[dict[str, Any]]:
+def prefix_merging_rows(sessions: dict[str, tuple[str, float, list[SyntheticCall]]]) -> list[TrajectoryRow]:
     """One row per session chain: first prompt, then completions (trainable) interleaved with the tool/template
     tokens between calls (masked)."""
     ids = list(sessions)
     adv = dict(zip(ids, _advantages(sessions), strict=True))
-    rows = []
+    rows: list[TrajectoryRow] = []
     for sid in ids:
         group, reward, calls = sessions[sid]
         response: list[int] = []
@@ -218,5 +218,12 @@ def prefix_merging_rows(sessions: dict[str, tuple[str, float, list[SyntheticCall
 
 
 def _advantages(sessions: dict[str, tuple[str, float, list[SyntheticCall]]]) -> list[float]:
-    ids = list(sessions)
-    return group_advantages([sessions[s][1] for s in ids], [sessions[s][0] for s in ids], ids)
+    """Leave-one-out advantages per session (in ``sessions`` order), with the rollout's own function."""
+    groups: dict[str, list[str]] = {}
+    for sid, (group, _, _) in sessions.items():
+        groups.setdefault(group, []).append(sid)
+    adv: dict[str, float] = {}
+    for ids in groups.values():
+        values = group_advantages([sessions[s][1] for s in ids], [True] * len(ids), "loo").advantages
+        adv.update(zip(ids, values, strict=True))
+    return [adv[s] for s in sessions]
