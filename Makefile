@@ -7,7 +7,7 @@ UV := $(shell command -v uv 2>/dev/null || echo $(HOME)/.local/bin/uv)
 PY := .venv/bin/python
 # Harness CLIs go to /var/cache/floe/harnesses as root (sandbox uids cannot traverse /root), else ~/.cache/floe;
 # FLOE_CACHE or FLOE_HARNESS_HOME override it (deploy/harnesses/install.sh and the session runner agree on this).
-SRC := schemas/src libs/eventbus/src libs/tasks/src cli/src services/inference/src services/gateway/src services/sessions/src \
+SRC := schemas/src libs/eventbus/src libs/sandbox/src libs/tasks/src cli/src services/inference/src services/gateway/src services/sessions/src \
        services/scorer/src services/rollout/src services/learner/src services/dashboard/src
 PYTEST_ARGS ?=
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from floe_tasks import TaskSet
+from sandbox.command import build_command
 from scorer.evalscript import APPLY_COMMANDS, build_eval_script
 from scorer.grading import END_MARKER, START_MARKER
 from scorer.sandbox import BwrapSandbox, DockerSandbox, Job, Limits
@@ -28,19 +29,24 @@ def test_eval_script_follows_the_harness_shape() -> None:
     assert "conftest" not in build_eval_script(task, apply_patch=False, protect_test_infra=False)
 
 
-def test_bwrap_argv_isolation_flags() -> None:
-    sb = BwrapSandbox(ro_paths=[Path("/opt/env")])
-    argv = sb.argv(Job(input_dir=Path("/var/tmp/in"), limits=Limits(cpu_s=7, nproc=9, testbed_bytes=1234)), 61005)
-    assert argv[:4] == ["setpriv", "--reuid=61005", "--regid=61005", "--clear-groups"]
+def test_bwrap_job_spec_and_isolation_flags() -> None:
+    sb = BwrapSandbox(ro_paths=[Path("/opt/env")], init_python=Path("/opt/env/bin/python3"))
+    job = Job(input_dir=Path("/var/tmp/in"), limits=Limits(cpu_s=7, nproc=9, testbed_bytes=1234))
+    spec = sb.spec(job, 61005)
+    assert (spec.uid, spec.gid, spec.cwd, spec.network, spec.stderr) == (61005, 61005, "/testbed", "none", None)
+    assert spec.env["PATH"] == "/floe/bin:/usr/bin:/bin" and spec.env["PYTHONHASHSEED"] == "0"
+    argv = build_command(spec, Path("/run-dir"), pinned={}, lifeline_fd=5)
+    assert "--reuid=61005" in argv and "--regid=61005" in argv and "--clear-groups" in argv
     assert "--cpu=7" in argv and "--nproc=9" in argv and "--core=0" in argv
-    for flag in ("--unshare-all", "--die-with-parent", "--new-session", "--clearenv"):
+    for flag in ("--unshare-all", "--die-with-parent", "--new-session", "--disable-userns", "--lifeline"):
         assert flag in argv
-    # --tmpfs /tmp comes before every bind (later mounts would be shadowed otherwise)
-    assert argv.index("/tmp") < argv.index("--ro-bind")
+    # --tmpfs /tmp comes before the test environment's bind (later mounts would be shadowed otherwise)
+    assert argv.index("/tmp") < argv.index("/opt/env")
     i = argv.index("/var/tmp/in")
     assert argv[i - 1] == "--ro-bind" and argv[i + 1] == "/floe"
-    j = argv.index("--size")
-    assert argv[j + 1] == "1234" and argv[j + 2 : j + 4] == ["--tmpfs", "/testbed"]
+    j = argv.index("/testbed")
+    assert argv[j - 3 : j + 1] == ["--size", "1234", "--tmpfs", "/testbed"]
+    assert "/opt/env/bin/python3" in argv and argv[-2:] == ["bash", "/floe/eval.sh"]
     assert "/run" not in argv and "/var/run/docker.sock" not in argv
 
 

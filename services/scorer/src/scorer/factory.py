@@ -30,7 +30,12 @@ def make_grader(settings: ScorerSettings) -> tuple[Grader, ProbeResult]:
     else:
         testenv = build_testenv(settings.work_dir, settings.test_python)
         if settings.backend == "bwrap":
-            bwrap = BwrapSandbox(ro_paths=testenv.ro_paths(), first_uid=settings.first_uid, pool_size=settings.workers)
+            bwrap = BwrapSandbox(
+                ro_paths=testenv.ro_paths(),
+                first_uid=settings.first_uid,
+                pool_size=settings.workers,
+                init_python=testenv.python,
+            )
             probe = probe_bwrap(bwrap, settings.work_dir)
             sandbox = bwrap
         else:

@@ -1,19 +1,21 @@
 """Where untrusted eval scripts run: the ``Sandbox`` protocol, the bubblewrap, bare and docker backends, and the probe.
 
-``BwrapSandbox`` follows scorer.md §3.2: ``setpriv`` to an unprivileged uid from a pool (one per concurrent job, so
-RLIMIT_NPROC is per job), ``prlimit`` (CPU seconds, address space, processes, file size, open files, no core), then
-``bwrap --unshare-all --die-with-parent --new-session`` with read-only ``/usr`` and ``/etc``, a private ``/tmp``,
-the job's input directory read-only at ``/floe`` and a size-capped tmpfs at ``/testbed`` (writes by the diff land in
-RAM capped at ``testbed_bytes``; nothing on the host disk changes). The host adds a wall-clock timeout and kills
-the whole process group; the pid namespace dies with bwrap.
+``BwrapSandbox`` maps a grading ``Job`` to floe's one launcher (``libs/sandbox``, scorer.md §3.2): an unprivileged
+uid from a pool (one per concurrent job, so RLIMIT_NPROC is per job), ``prlimit`` (CPU seconds, address space,
+processes, file size, open files, no core), then ``bwrap`` with read-only ``/usr`` and ``/etc``, a size-capped
+``/tmp``, the job's input directory read-only at ``/floe`` and a size-capped tmpfs at ``/testbed`` (writes by the
+diff land in RAM capped at ``testbed_bytes``; nothing on the host disk changes), no network, stdout and stderr
+merged and capped (head + tail). The launcher adds the wall-clock timeout, the process-tree kill, and the lifeline:
+a job never outlives the scorer, even one that dies while the job is starting.
 
 What it does not cover (honest limits): no seccomp filter and no cgroup, so memory is capped by RLIMIT_AS only
 (crude); the kernel is the security boundary; code under test shares the pytest process, so a diff that hooks
 pytest from inside the module under test can still forge outcomes (test-infrastructure files are reverted by the
 eval script, which closes the conftest route).
 
-``BareSandbox`` runs the same script with the same rlimits but no isolation (benchmarks, and level C where it is
-explicitly allowed). ``DockerSandbox`` builds the ``docker run`` argv for official SWE-bench instance images.
+``BareSandbox`` runs the same script with the same rlimits but no isolation and no lifeline (benchmarks, and level
+C where it is explicitly allowed). ``DockerSandbox`` builds the ``docker run`` argv for official SWE-bench instance
+images.
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -33,6 +34,9 @@ from pathlib import Path
 from typing import Protocol
 
 import structlog
+
+import sandbox
+from sandbox import Bind, Capture, Keep, Mount, SandboxError, SandboxSpec, Tmpfs, UidPool, run_sync
 
 __all__ = [
     "BareSandbox",
@@ -49,6 +53,17 @@ __all__ = [
 log = structlog.get_logger()
 
 OUTPUT_CAP = 4 * 1024 * 1024  # bytes of output kept (head + tail) for grading
+# The eval script's environment (nothing of the scorer's): fixed TZ and hash seed so results do not drift.
+JOB_ENV = {
+    "PATH": "/floe/bin:/usr/bin:/bin",
+    "HOME": "/tmp",
+    "FLOE_IN": "/floe",
+    "TESTBED": "/testbed",
+    "TZ": "UTC",
+    "LANG": "C.UTF-8",
+    "PYTHONHASHSEED": "0",
+    "PYTHONDONTWRITEBYTECODE": "1",
+}
 
 
 @dataclass(frozen=True)
@@ -60,6 +75,15 @@ class Limits:
     nofile: int = 1024
     testbed_bytes: int = 256 * 1024**2
     wall_s: float = 300.0
+
+    def rlimits(self) -> sandbox.Limits:
+        return sandbox.Limits(
+            nofile=self.nofile,
+            nproc=self.nproc,
+            fsize_bytes=self.fsize_bytes,
+            address_space_bytes=self.address_space_bytes,
+            cpu_s=self.cpu_s,
+        )
 
 
 @dataclass(frozen=True)
@@ -105,19 +129,15 @@ def _prlimit(limits: Limits) -> list[str]:
 
 
 def _read_capped(path: Path) -> str:
-    size = path.stat().st_size
+    kept = Capture(OUTPUT_CAP // 2, OUTPUT_CAP // 2)
     with path.open("rb") as fh:
-        if size <= OUTPUT_CAP:
-            data = fh.read()
-        else:
-            head = fh.read(OUTPUT_CAP // 2)
-            fh.seek(size - OUTPUT_CAP // 2)
-            data = head + b"\n[... output truncated by floe ...]\n" + fh.read()
-    return data.decode("utf-8", errors="replace")
+        while chunk := fh.read(1024 * 1024):
+            kept.write(chunk)
+    return kept.text()
 
 
 def _execute(argv: list[str], limits: Limits, workdir: Path, isolation: str, env: dict[str, str]) -> ExecResult:
-    """Run argv in its own process group, output to a file; SIGKILL the group at the wall-clock deadline."""
+    """Run argv (bare or docker) in its own process group, output to a file; SIGKILL the group at the deadline."""
     out_path = workdir / "output.log"
     started = time.monotonic()
     timed_out = False
@@ -149,125 +169,65 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     proc.wait()
 
 
-class _UidPool:
-    """Distinct unprivileged uids for concurrent jobs (RLIMIT_NPROC counts per uid)."""
-
-    def __init__(self, first: int, size: int) -> None:
-        self._free = list(range(first, first + size))
-        self._cond = threading.Condition()
-
-    def acquire(self) -> int:
-        with self._cond:
-            while not self._free:
-                self._cond.wait()
-            return self._free.pop(0)
-
-    def release(self, uid: int) -> None:
-        with self._cond:
-            self._free.append(uid)
-            self._cond.notify()
-
-
 class BwrapSandbox:
     name = "bwrap"
     isolation = "A"
 
-    def __init__(self, *, ro_paths: Sequence[Path] = (), first_uid: int = 61000, pool_size: int = 16) -> None:
+    def __init__(
+        self,
+        *,
+        ro_paths: Sequence[Path] = (),
+        first_uid: int = 61000,
+        pool_size: int = 16,
+        init_python: Path = Path("/usr/bin/python3"),
+    ) -> None:
         self.ro_paths = [Path(p) for p in ro_paths]
         self.first_uid = first_uid
-        self._uids = _UidPool(first_uid, pool_size)
+        # runs the launcher inside (the test interpreter: it is there anyway, read-only, reachable by the job's uid)
+        self.init_python = init_python
+        self._uids = UidPool(first_uid, pool_size)
         self._as_root = os.geteuid() == 0
 
-    def argv(self, job: Job, uid: int | None) -> list[str]:
-        drop: list[str] = []
-        if uid is not None:
-            drop = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
-        binds: list[str] = []
-        for path in self.ro_paths:
-            binds += ["--ro-bind", str(path), str(path)]
-        return [
-            *drop,
-            *_prlimit(job.limits),
-            "bwrap",
-            "--unshare-all",
-            "--die-with-parent",
-            "--new-session",
-            # --tmpfs /tmp first: later mounts would be shadowed by it (scorer.md §3.3 pitfall 2)
-            "--tmpfs",
-            "/tmp",
-            "--ro-bind",
-            "/usr",
-            "/usr",
-            "--ro-bind",
-            "/etc",
-            "/etc",
-            "--symlink",
-            "usr/bin",
-            "/bin",
-            "--symlink",
-            "usr/sbin",
-            "/sbin",
-            "--symlink",
-            "usr/lib",
-            "/lib",
-            "--symlink",
-            "usr/lib64",
-            "/lib64",
-            "--proc",
-            "/proc",
-            "--dev",
-            "/dev",
-            *binds,
-            "--ro-bind",
-            str(job.input_dir),
-            "/floe",
-            "--perms",
-            "0755",
-            "--size",
-            str(job.limits.testbed_bytes),
-            "--tmpfs",
-            "/testbed",
-            "--chdir",
-            "/testbed",
-            "--clearenv",
-            "--setenv",
-            "PATH",
-            "/floe/bin:/usr/bin:/bin",
-            "--setenv",
-            "HOME",
-            "/tmp",
-            "--setenv",
-            "FLOE_IN",
-            "/floe",
-            "--setenv",
-            "TESTBED",
-            "/testbed",
-            "--setenv",
-            "TZ",
-            "UTC",
-            "--setenv",
-            "LANG",
-            "C.UTF-8",
-            "--setenv",
-            "PYTHONHASHSEED",
-            "0",
-            "--setenv",
-            "PYTHONDONTWRITEBYTECODE",
-            "1",
-            "bash",
-            "/floe/eval.sh",
-        ]
+    def spec(self, job: Job, uid: int | None) -> SandboxSpec:
+        """The job as a launcher spec: ``uid`` from the pool as root, ``None`` (the caller's) otherwise."""
+        lim = job.limits
+        mounts: list[Mount] = [Bind(p, str(p)) for p in self.ro_paths]
+        mounts += [Bind(job.input_dir, "/floe"), Tmpfs("/testbed", lim.testbed_bytes)]
+        return SandboxSpec(
+            argv=["bash", "/floe/eval.sh"],
+            uid=uid,
+            gid=uid,
+            env=JOB_ENV,
+            cwd="/testbed",
+            mounts=tuple(mounts),
+            tmp_bytes=lim.testbed_bytes,
+            limits=lim.rlimits(),
+            init_python=self.init_python,
+            # One stream: the markers come from ``set -x`` on stderr (evalscript); both ends are kept.
+            stdout=Keep(head=OUTPUT_CAP // 2, tail=OUTPUT_CAP // 2),
+            stderr=None,
+        )
 
     def run(self, job: Job) -> ExecResult:
-        uid = self._uids.acquire() if self._as_root else None
+        if not self._as_root:
+            return self._run(job, None)
+        with self._uids.lease() as uid:
+            return self._run(job, uid)
+
+    def _run(self, job: Job, uid: int | None) -> ExecResult:
+        spec = self.spec(job, uid)
         try:
-            with tempfile.TemporaryDirectory(prefix="floe-out-") as tmp:
-                return _execute(
-                    self.argv(job, uid), job.limits, Path(tmp), self.isolation, env={"PATH": "/usr/bin:/bin"}
-                )
-        finally:
-            if uid is not None:
-                self._uids.release(uid)
+            res = run_sync(spec, timeout=job.limits.wall_s)
+        except SandboxError as exc:
+            return ExecResult(f"sandbox did not start: {exc}", None, False, 0.0, self.isolation, spec.argv)
+        return ExecResult(
+            output=res.stdout_text,
+            returncode=res.exit_code,
+            timed_out=res.timed_out,
+            duration_s=res.duration_s,
+            isolation=self.isolation,
+            argv=spec.argv,
+        )
 
 
 class BareSandbox:

@@ -34,12 +34,12 @@ from typing import Protocol
 
 import structlog
 
-from contracts import SessionFinished, SessionRequested, SessionState, SessionStateChanged
-from sessions.bridge import UnixBridge
+from contracts import PROVIDERS, SessionFinished, SessionRequested, SessionState, SessionStateChanged
+from sandbox import SandboxError, SandboxProcess
+from sessions.launch import find_cli, session_spec
 from sessions.metrics import SessionMetrics
 from sessions.presets import Preset, PresetError, load_preset, render
 from sessions.ready_pool import PriorityGate, ReadyPool
-from sessions.sandbox import SandboxError, SandboxProcess, SandboxSpec, find_cli
 from sessions.settings import SessionSettings
 from sessions.states import Lifecycle
 from sessions.workspace import PreparedWorkspace, TaskResolver, WorkspaceError, collect_diff, remove_tree
@@ -91,8 +91,7 @@ class _Run:
     session_dir: Path | None = None
     workspace: PreparedWorkspace | None = None
     preset: Preset | None = None
-    bridge: UnixBridge | None = None
-    process: SandboxProcess | None = None
+    process: SandboxProcess | None = None  # owns the bridge to the gateway too
     gateway_open: bool = False
     pool_hit: bool = False
     exit_code: int | None = None
@@ -264,9 +263,6 @@ class SessionRunner:
 
         token = self.gateway.open(request)
         run.gateway_open = True
-        host, port = self.gateway.address
-        run.bridge = UnixBridge(run_dir / "gateway.sock", host, port)
-        await run.bridge.start()
 
         gateway_url = f"http://127.0.0.1:{s.inner_gateway_port}"
         variables = {
@@ -275,9 +271,7 @@ class SessionRunner:
             "token": token,
             "model": request.model,
             "gateway_url": gateway_url,
-            "openai_base_url": f"{gateway_url}/v1",
-            "anthropic_base_url": gateway_url,
-            "google_base_url": gateway_url,
+            **{p.template_var: p.base_url(gateway_url) for p in PROVIDERS},  # ${openai_base_url}, ...
             "prompt": prompt,
             "prompt_file": f"{s.sandbox_home}/.floe-prompt.md",
             "workspace": s.sandbox_workspace,
@@ -290,17 +284,18 @@ class SessionRunner:
             host_path = home / Path(sandbox_path).relative_to(s.sandbox_home)
             _write_private(host_path, home, content, mode, s.agent_uid, s.agent_gid)
 
-        spec = SandboxSpec(
-            argv=rendered.argv,
+        spec = session_spec(
+            s,
+            rendered.argv,
             workspace=ws.repo,
             home=home,
             run_dir=run_dir,
             env={**rendered.env, "FLOE_SESSION_ID": request.session_id},
             path_prepend=rendered.path_prepend,
             network="none",
-            bridge_socket=run.bridge.socket_path,
+            gateway=self.gateway.address,
         )
-        run.process = SandboxProcess(s, spec)
+        run.process = SandboxProcess(spec)
         await run.process.start()
         if run.process.ns_init_pid is None:
             code = await run.process.wait(timeout=10.0)
@@ -317,7 +312,7 @@ class SessionRunner:
             run.agent_timed_out = True
             await proc.kill()
         result = proc.result(run.exit_code)
-        run.stdout, run.stderr = result.stdout, result.stderr
+        run.stdout, run.stderr = result.stdout_text, result.stderr_text
         await proc.kill()  # the harness may have left children behind: tear the namespace down now
 
     # --------------------------------------------------------------------------------------------- cleanup
@@ -328,13 +323,10 @@ class SessionRunner:
             with contextlib.suppress(Exception):
                 if run.process.pid is not None and not run.stdout and not run.stderr:
                     result = run.process.result(run.exit_code)
-                    run.stdout, run.stderr = result.stdout, result.stderr
-                await run.process.kill()
+                    run.stdout, run.stderr = result.stdout_text, result.stderr_text
+                await run.process.kill()  # and closes its bridge
                 if not await run.process.wait_gone():
                     log.error("sandbox outlived its kill", pid=run.process.ns_init_pid)
-        if run.bridge is not None:
-            with contextlib.suppress(Exception):
-                await run.bridge.close()
         if run.gateway_open:
             self._stats(run)
             with contextlib.suppress(Exception):

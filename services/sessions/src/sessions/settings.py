@@ -62,7 +62,9 @@ class SessionSettings(BaseSettings):
     sandbox_workspace: str = "/workspace"
     sandbox_home: str = "/home/agent"
     inner_gateway_port: int = Field(default=18_080, ge=1024, le=65_535)
-    bridge_python: Path = Field(default=Path("/usr/bin/python3"), description="runs the in-sandbox TCP->UDS bridge")
+    bridge_python: Path = Field(
+        default=Path("/usr/bin/python3"), description="runs the in-sandbox launcher (lifeline, TCP->UDS bridge)"
+    )
     rlimit_nofile: int = Field(default=4096, ge=64)
     rlimit_nproc: int = Field(default=4096, ge=16)
     rlimit_fsize_mb: int = Field(default=2048, ge=1, description="largest file the harness may write")

@@ -20,12 +20,13 @@ import shutil
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
 from floe_tasks import Task, TaskError, TaskSet
-from sessions.sandbox import RUN_MOUNT, SandboxError, SandboxSpec, run_collect
+from sandbox import RUN_MOUNT, Keep, SandboxError, SandboxSpec, run
+from sessions.launch import session_spec
 from sessions.settings import SessionSettings
 
 __all__ = [
@@ -144,16 +145,17 @@ async def _run_prepare(settings: SessionSettings, root: Path, repo: Path, steps:
     home, run = _scratch(root, settings, "prepare")
     try:
         for i, step in enumerate(steps):
-            spec = SandboxSpec(
-                argv=["/bin/sh", "-c", step],
+            spec = session_spec(
+                settings,
+                ["/bin/sh", "-c", step],
                 workspace=repo,
                 home=home,
                 run_dir=run,
                 network="host" if settings.prepare_network else "none",
             )
             try:
-                code, _, err = await run_collect(
-                    settings, spec, timeout=settings.prepare_step_timeout_s, max_stdout=16 * 1024 * 1024
+                code, _, err = await _collect(
+                    spec, timeout=settings.prepare_step_timeout_s, max_stdout=16 * 1024 * 1024
                 )
             except SandboxError as exc:
                 raise WorkspaceError(f"prepare step {i + 1} ({step[:80]!r}): {exc}") from exc
@@ -163,8 +165,8 @@ async def _run_prepare(settings: SessionSettings, root: Path, repo: Path, steps:
         # list them in .git/info/exclude so the final diff holds only what the agent changed. (Tracked files a
         # prepare step modifies do show up; task authors keep the tracked tree clean.)
         list_new = ["git", "ls-files", "--others", "--exclude-standard", "--directory", "-z"]
-        spec = SandboxSpec(argv=list_new, workspace=repo, home=home, run_dir=run, network="none")
-        code, out, err = await run_collect(settings, spec, timeout=120.0, max_stdout=16 * 1024 * 1024)
+        spec = session_spec(settings, list_new, workspace=repo, home=home, run_dir=run)
+        code, out, err = await _collect(spec, timeout=120.0, max_stdout=16 * 1024 * 1024)
         if code != 0:
             raise WorkspaceError(f"listing prepare artifacts failed: {err[-500:]}")
         created = [p for p in out.decode("utf-8", "surrogateescape").split("\0") if p and not p.startswith(".floe/")]
@@ -233,14 +235,27 @@ async def _git_diff(
     ]
     out = b""
     for argv in steps:
-        spec = SandboxSpec(argv=argv, workspace=workspace.repo, home=home, run_dir=run_dir, network="none")
+        spec = session_spec(settings, argv, workspace=workspace.repo, home=home, run_dir=run_dir)
         try:
-            code, out, err = await run_collect(settings, spec, timeout=120.0, max_stdout=settings.max_diff_bytes)
+            code, out, err = await _collect(spec, timeout=120.0, max_stdout=settings.max_diff_bytes)
         except SandboxError as exc:
             raise WorkspaceError(f"diff collection: {exc}") from exc
         if code != 0:
             raise WorkspaceError(f"git {argv[len(git)]} exited {code}: {err[-500:]}")
     return out
+
+
+async def _collect(spec: SandboxSpec, *, timeout: float, max_stdout: int) -> tuple[int, bytes, str]:
+    """Run a short command in the sandbox: (exit code, all of stdout, stderr tail). ``SandboxError`` when stdout
+    exceeds ``max_stdout`` or on timeout."""
+    res = await run(replace(spec, stdout=Keep(head=max_stdout, tail=0)), timeout=timeout)
+    if res.timed_out:
+        raise SandboxError(f"{spec.argv[0]} timed out after {timeout:.0f}s")
+    if res.stdout_overflowed:
+        raise SandboxError(f"output of {spec.argv[0]} exceeds {max_stdout} bytes")
+    if res.exit_code is None:
+        raise SandboxError(f"{spec.argv[0]} did not exit after its kill")
+    return res.exit_code, res.stdout, res.stderr_text
 
 
 def remove_tree(path: Path) -> None:

@@ -1,17 +1,17 @@
-"""In-sandbox launcher: opens the gateway bridge on loopback, watches the node's lifeline, then execs the harness.
+"""In-sandbox launcher: opens the bridge on loopback, watches the caller's lifeline, then execs the command.
 Stdlib only.
 
-This file is copied into each session's run directory and executed by the sandbox's python (``/usr/bin/python3``),
-never imported by floe. The sandbox has its own network namespace with only loopback, so the harness cannot reach
-the gateway's TCP port. Before the exec, the launcher forks one helper process that:
+This file is copied into each sandbox's run directory and executed by the sandbox's python (``init_python`` of the
+spec, with ``-I``), never imported by floe. The sandbox has its own network namespace with only loopback, so the
+command cannot reach any TCP port of the host. Before the exec, the launcher forks one helper process that:
 
 - with ``--bridge PORT SOCKET``: listens on ``127.0.0.1:<port>`` inside the sandbox and carries each connection over
-  the Unix socket that the node bind-mounts at SOCKET (TCP -> UDS here; UDS -> TCP on the node, see ``bridge.py``).
-  The listener is bound *before* the exec, so the harness never races it;
-- with ``--lifeline FD``: blocks on the read end of a pipe whose write end only the node holds. EOF means the node
-  ended the session or died, and the helper then SIGKILLs every other process of the sandbox. This also covers
-  the window before bwrap arms ``--die-with-parent`` (see ``sandbox.py``);
-- dies with the harness (``PR_SET_PDEATHSIG``), so it never keeps the sandbox alive by itself.
+  the Unix socket that the caller bind-mounts at SOCKET (TCP -> UDS here; UDS -> TCP on the host, see
+  ``sandbox.bridge``). The listener is bound *before* the exec, so the command never races it;
+- with ``--lifeline FD``: blocks on the read end of a pipe whose write end only the caller holds. EOF means the
+  caller is done with the sandbox or died, and the helper then SIGKILLs every other process of the sandbox. This
+  also covers the window before bwrap arms ``--die-with-parent`` (see ``sandbox.process``);
+- dies with the command (``PR_SET_PDEATHSIG``), so it never keeps the sandbox alive by itself.
 
 Usage: python3 sandbox_init.py [--lifeline FD] [--bridge PORT SOCKET] -- argv...
 """
@@ -73,23 +73,23 @@ def _kill_sandbox() -> None:
                 os.kill(int(entry), signal.SIGKILL)
 
 
-def _helper(harness_pid: int, listener: socket.socket | None, uds_path: str, lifeline: int | None) -> None:
-    # Die with the harness (our parent after its exec); it may already be gone by the time this is armed.
+def _helper(command_pid: int, listener: socket.socket | None, uds_path: str, lifeline: int | None) -> None:
+    # Die with the command (our parent after its exec); it may already be gone by the time this is armed.
     with contextlib.suppress(Exception):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != harness_pid:
+    if os.getppid() != command_pid:
         os._exit(0)
-    # The helper must not hold the harness's stdout/stderr open (the node reads them to EOF).
+    # The helper must not hold the command's stdout/stderr open (the caller reads them to EOF).
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
     if listener is not None:
         threading.Thread(target=_serve, args=(listener, uds_path), daemon=True).start()
     if lifeline is None:
-        threading.Event().wait()  # serve until the harness exits (PDEATHSIG)
+        threading.Event().wait()  # serve until the command exits (PDEATHSIG)
     else:
         while os.read(lifeline, 4096):
-            pass  # the node never writes; only EOF matters
+            pass  # the caller never writes; only EOF matters
         _kill_sandbox()
     os._exit(0)
 
@@ -118,16 +118,16 @@ def main(argv: list[str]) -> None:
         else:
             sys.exit(f"sandbox_init: unknown option {opts[0]!r}")
     if listener is not None or lifeline is not None:
-        harness_pid = os.getpid()
+        command_pid = os.getpid()
         if os.fork() == 0:
             try:
-                _helper(harness_pid, listener, uds_path, lifeline)
+                _helper(command_pid, listener, uds_path, lifeline)
             finally:
                 os._exit(0)
         if listener is not None:
             listener.close()
         if lifeline is not None:
-            os.close(lifeline)  # the harness itself has no use for it
+            os.close(lifeline)  # the command itself has no use for it
     try:
         os.execvp(command[0], command)
     except OSError as exc:

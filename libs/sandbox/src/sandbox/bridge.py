@@ -1,9 +1,10 @@
-"""Node side of the gateway bridge: a Unix socket that forwards every connection to the gateway's TCP port.
+"""Host side of the bridge: a Unix socket that forwards every connection to one TCP endpoint (the gateway's port).
 
 The sandbox has no network (its own netns with only loopback). Its launcher (``sandbox_init.py``) listens on
-``127.0.0.1:<inner port>`` and forwards to this socket, which is bind-mounted into the sandbox; we forward to the
-gateway (TCP). So the harness reaches exactly one endpoint, its own gateway, and nothing else: TCP -> UDS -> TCP.
-The socket file is made connectable by the sandbox's uid (0666) inside the session's private run directory.
+``127.0.0.1:<port>`` and forwards to this socket, which is bind-mounted into the sandbox; we forward to the
+upstream (TCP). So the sandboxed program reaches exactly one endpoint and nothing else: TCP -> UDS -> TCP. The
+socket file is made connectable by the sandbox's uid (0666) inside the sandbox's private run directory.
+``SandboxProcess`` starts one for a spec with a ``Bridge`` and closes it with the sandbox.
 """
 
 from __future__ import annotations

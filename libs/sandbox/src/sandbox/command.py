@@ -1,0 +1,96 @@
+"""The sandbox command line: ``prlimit`` -> ``setpriv`` (the uid drop) -> ``bwrap`` -> launcher -> the command.
+
+Pure functions of a ``SandboxSpec`` and the file descriptors the process layer opened (``sandbox.process``), so the
+recipe can be read, and tested, in one place. Tools are called by absolute path: the chain starts as root, and the
+sandbox's ``PATH`` (its environment is the chain's) must not choose what root executes.
+
+Mount order matters (later mounts shadow earlier ones): system mounts, ``/etc`` and the identity files, ``/proc``,
+``/dev``, the size-capped ``/tmp``, then the spec's mounts in order, then the run directory at ``RUN_MOUNT``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from sandbox.spec import RUN_MOUNT, Bind, SandboxError, SandboxSpec, Tmpfs
+
+__all__ = ["INIT_SCRIPT", "build_command", "tool"]
+
+INIT_SCRIPT = Path(__file__).with_name("sandbox_init.py")
+
+
+def tool(name: str) -> str:
+    """Absolute path of ``name`` on the caller's PATH; ``SandboxError`` when it is missing."""
+    found = shutil.which(name)
+    if found is None:
+        pkg = "bubblewrap" if name == "bwrap" else "util-linux"
+        raise SandboxError(f"{name} is not installed (apt-get install {pkg})")
+    return found
+
+
+def _system_mounts() -> list[str]:
+    # The host's own layout: on merged-/usr systems /bin, /lib... are links into /usr, elsewhere real directories.
+    args: list[str] = ["--ro-bind", "/usr", "/usr"]
+    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        path = Path(top)
+        if path.is_symlink():
+            args += ["--symlink", os.readlink(path), top]
+        elif path.is_dir():
+            args += ["--ro-bind", top, top]
+    return args
+
+
+def _prlimit(spec: SandboxSpec) -> list[str]:
+    lim = spec.limits
+    args = [tool("prlimit"), f"--nofile={lim.nofile}", f"--nproc={lim.nproc}", f"--fsize={lim.fsize_bytes}", "--core=0"]
+    if lim.address_space_bytes is not None:
+        args.append(f"--as={lim.address_space_bytes}")
+    if lim.cpu_s is not None:
+        args.append(f"--cpu={lim.cpu_s}")
+    return [*args, "--"]
+
+
+def build_command(
+    spec: SandboxSpec, run_dir: Path, *, pinned: dict[Bind, int], lifeline_fd: int, info_fd: int | None = None
+) -> list[str]:
+    """The full argv. ``pinned`` maps each ``Bind(pin=True)`` of the spec to its open fd; ``lifeline_fd`` is the
+    read end of the lifeline; ``info_fd`` is where bwrap reports the pid of the namespace's init."""
+    cmd = _prlimit(spec)
+    if spec.uid is not None:
+        cmd += [
+            tool("setpriv"),
+            f"--reuid={spec.uid}",
+            f"--regid={spec.gid}",
+            "--clear-groups",
+            "--no-new-privs",
+            "--",
+        ]
+    # --unshare-user explicitly (not --unshare-all's "try"): --disable-userns needs it, and nested user namespaces
+    # are the kernel attack surface a sandboxed program has no use for.
+    cmd += [tool("bwrap"), "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session"]
+    if info_fd is not None:
+        cmd += ["--info-fd", str(info_fd)]
+    if spec.network == "host":
+        cmd.append("--share-net")
+    cmd += _system_mounts()
+    cmd += ["--ro-bind", "/etc", "/etc"]
+    if spec.identity is not None:
+        cmd += ["--ro-bind", str(run_dir / "passwd"), "/etc/passwd", "--ro-bind", str(run_dir / "group"), "/etc/group"]
+    cmd += ["--proc", "/proc", "--dev", "/dev"]
+    cmd += ["--size", str(spec.tmp_bytes), "--tmpfs", "/tmp"]
+    for mount in spec.mounts:
+        if isinstance(mount, Tmpfs):
+            cmd += ["--perms", f"{mount.mode:04o}", "--size", str(mount.size_bytes), "--tmpfs", mount.dest]
+        elif mount.pin:
+            cmd += ["--ro-bind-fd", str(pinned[mount]), mount.dest]
+        else:
+            cmd += ["--bind" if mount.writable else "--ro-bind", str(mount.source), mount.dest]
+    cmd += ["--ro-bind", str(run_dir), RUN_MOUNT, "--chdir", spec.cwd]
+    # -I: the launcher ignores PYTHON* variables meant for the sandboxed program (a PYTHONPATH into the workspace
+    # must not replace the launcher's standard library); -S: no site import, it needs none (and starts faster).
+    launcher = [str(spec.init_python), "-I", "-S", f"{RUN_MOUNT}/{INIT_SCRIPT.name}", "--lifeline", str(lifeline_fd)]
+    if spec.bridge is not None:
+        launcher += ["--bridge", str(spec.bridge.port), f"{RUN_MOUNT}/{spec.bridge.socket_name}"]
+    return [*cmd, "--", *launcher, "--", *spec.argv]
