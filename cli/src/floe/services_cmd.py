@@ -24,6 +24,7 @@ DELEGATES = {
     "scorer": "scorer.cli",
     "learner": "learner.cli",
     "inference": "inference.cli",
+    "model": "inference.model_cli",
     "dashboard": "dashboard.cli",
     "tasks": "floe_tasks.cli",
     "session": "sessions.cli",

@@ -1,19 +1,63 @@
-"""``python -m inference``: serve the engine with settings from ``FLOE_INFERENCE_*`` (and ``FLOE_KAFKA_*``)."""
+"""``python -m inference [--engine cpu|vllm] [--model DIR|NAME]``: serve floe's inference engine.
+
+Settings come from ``FLOE_INFERENCE_*`` (and ``FLOE_KAFKA_*``); the two flags override ``FLOE_INFERENCE_ENGINE`` and
+``FLOE_INFERENCE_MODEL_DIR``. ``--model`` takes a checkpoint directory or a name from ``floe model list``, which is
+fetched (or verified, if already cached) first. ``--engine vllm`` replaces this process with vLLM
+(``deploy/vllm/serve.sh``) on the same host, port and served model name.
+"""
 
 from __future__ import annotations
 
+import argparse
 import sys
+from pathlib import Path
+from typing import Any
 
-from eventbus import configure_logging, serve
-from inference.app import create_app
-from inference.settings import InferenceSettings
+__all__ = ["main"]
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m inference", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--engine", choices=["cpu", "vllm"], default=None, help="default: FLOE_INFERENCE_ENGINE or cpu")
+    parser.add_argument("--model", default=None, help="checkpoint directory, or a model name of `floe model list`")
+    args = parser.parse_args(argv)
+
+    from eventbus import configure_logging
+    from inference.settings import InferenceSettings
+
     configure_logging("inference")
-    settings = InferenceSettings()
+    overrides: dict[str, Any] = {}
+    if args.engine is not None:
+        overrides["engine"] = args.engine
+    if args.model is not None:
+        overrides["model_dir"] = _resolve_model(args.model)
+    settings = InferenceSettings(**overrides)
+    if settings.engine == "vllm":
+        from inference.vllm_engine import VllmLaunchError, exec_vllm
+
+        try:
+            exec_vllm(settings)
+        except VllmLaunchError as exc:
+            print(f"inference: {exc}", file=sys.stderr)
+            return 2
+
+    from eventbus import serve
+    from inference.app import create_app
+
     # Exits 1 if the weight reloader dies (see eventbus.serving), so a supervisor restarts the engine.
     return serve(create_app(settings), settings.host, settings.port)
+
+
+def _resolve_model(model: str) -> Path:
+    from inference.models import MODELS, ModelCacheError, fetch_model
+    from inference.settings import CacheSettings
+
+    if model not in MODELS:
+        return Path(model)
+    try:
+        return fetch_model(model, CacheSettings().cache).path
+    except ModelCacheError as exc:
+        raise SystemExit(f"inference: {exc}") from exc
 
 
 if __name__ == "__main__":

@@ -6,12 +6,17 @@ into ChatML. Tools follow the Hermes convention used by Qwen: the schemas go int
 results come back as a user turn wrapping ``<tool_response>`` blocks. Assistant reasoning is rendered as
 ``<think>...</think>``.
 
+``SMOLLM2_CHAT_TEMPLATE`` is the same template for SmolLM2-Instruct (``inference.models``), keeping SmolLM2's own
+behaviour of inserting its default system prompt when the conversation has no system message (also in front of the
+tool section). SmolLM2 has no ``<tool_call>`` token: the tags are plain text to it, which both engines' Hermes parsers
+accept (vLLM's parses text; see ``parsing.py`` for ours).
+
 Limits: content parts other than ``text`` (images, audio) are dropped; ``developer`` is treated as ``system``.
 """
 
 from __future__ import annotations
 
-__all__ = ["CHAT_TEMPLATE"]
+__all__ = ["CHAT_TEMPLATE", "SMOLLM2_CHAT_TEMPLATE", "SMOLLM2_DEFAULT_SYSTEM", "chatml_hermes_template"]
 
 # Written as one string so that the checkpoint directory is self-contained (tokenizer_config / chat_template.jinja).
 CHAT_TEMPLATE = r"""
@@ -64,3 +69,37 @@ CHAT_TEMPLATE = r"""
 {%- endfor -%}
 {%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}
 """.strip()
+
+
+# What SmolLM2-Instruct's own template says when the conversation has no system message.
+SMOLLM2_DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+
+
+def chatml_hermes_template(default_system: str | None = None) -> str:
+    """``CHAT_TEMPLATE``, or with ``default_system`` the same template with that system prompt when none is given."""
+    if default_system is None:
+        return CHAT_TEMPLATE
+    # Derived by editing the two system-turn branches, so the dev template stays byte-identical (its checkpoints
+    # and tests) and the two variants cannot drift apart anywhere else.
+    literal = "'" + default_system.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    tools_prefix = "{%- if first_is_system -%}{{- render_content(messages[0].content) + '\\n\\n' -}}{%- endif -%}"
+    plain_system = (
+        "{{- '<|im_start|>system\\n' + render_content(messages[0].content) + '<|im_end|>\\n' -}}\n{%- endif -%}"
+    )
+    assert tools_prefix in CHAT_TEMPLATE and plain_system in CHAT_TEMPLATE, (
+        "CHAT_TEMPLATE changed: update this function"
+    )
+    return CHAT_TEMPLATE.replace(
+        tools_prefix,
+        "{%- if first_is_system -%}{{- render_content(messages[0].content) + '\\n\\n' -}}"
+        "{%- else -%}{{- " + literal + " + '\\n\\n' -}}{%- endif -%}",
+    ).replace(
+        plain_system,
+        plain_system.removesuffix("{%- endif -%}")
+        + "{%- else -%}\n{{- '<|im_start|>system\\n' + "
+        + literal
+        + " + '<|im_end|>\\n' -}}\n{%- endif -%}",
+    )
+
+
+SMOLLM2_CHAT_TEMPLATE = chatml_hermes_template(SMOLLM2_DEFAULT_SYSTEM)

@@ -23,7 +23,8 @@ def main(argv: list[str] | None = None) -> int:
     init.add_argument("--max-positions", type=int, default=32768)
     init.add_argument("--seed", type=int, default=0)
     init.add_argument("--version", type=int, default=0, help="weight version recorded in floe.json")
-    sub.add_parser("serve", help="run the server (settings from FLOE_INFERENCE_* env)")
+    serve_cmd = sub.add_parser("serve", help="run the server (settings from FLOE_INFERENCE_* env)", add_help=False)
+    serve_cmd.add_argument("serve_args", nargs=argparse.REMAINDER, help="--engine cpu|vllm, --model DIR|NAME")
     args = parser.parse_args(argv)
 
     if args.command == "init-model":
@@ -44,4 +45,4 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from inference.__main__ import main as serve
 
-    return serve()
+    return serve(args.serve_args)

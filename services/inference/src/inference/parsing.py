@@ -9,7 +9,12 @@ holding back an incomplete UTF-8 sequence (U+FFFD at the tail) and, when stop st
 Tool calls follow Hermes: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``. A block that is not valid JSON
 of that shape (or is cut off) is returned as plain content, never dropped.
 
-Limits: a tool call is emitted as one delta when its closing tag arrives (no partial-argument streaming).
+Tokenizers without single ``<tool_call>``/``</tool_call>`` tokens (SmolLM2: the tags are several ordinary tokens)
+are parsed on the decoded text instead (``TextToolStreamer``, as vLLM's Hermes parser does): content that might be
+the start of a tag is held back until it is known not to be one.
+
+Limits: a tool call is emitted as one delta when its closing tag arrives (no partial-argument streaming). In text
+mode, a ``<think>`` token inside an unclosed tool call flushes the call as content.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from typing import Literal
 
 from inference.tokenizer import Tokenizer
 
-__all__ = ["ChatOutputParser", "Delta", "ParsedToolCall", "TextStreamer", "truncate_at_stop"]
+__all__ = ["ChatOutputParser", "Delta", "ParsedToolCall", "TextStreamer", "TextToolStreamer", "truncate_at_stop"]
 
 
 def truncate_at_stop(text: str, stop: Sequence[str]) -> str:
@@ -84,6 +89,79 @@ class TextStreamer:
         return new
 
 
+TOOL_START, TOOL_END = "<tool_call>", "</tool_call>"
+
+
+def _partial_tag(text: str, tag: str) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of ``tag`` (0 if none)."""
+    for n in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:n]):
+            return n
+    return 0
+
+
+class TextToolStreamer:
+    """Incremental detokenizer for content that may contain Hermes tool calls written as plain text.
+
+    Each push re-decodes the segment and re-scans it; blocks already judged (call or not) keep their verdict, so a
+    call is emitted once with one id. ``push``/``finish`` return ``Delta``s with ``content`` and ``tool_calls``.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, stop: Sequence[str] = ()) -> None:
+        self._tok = tokenizer
+        self._stop = tuple(stop)
+        self._holdback = max((len(s) for s in self._stop), default=1) - 1
+        self._blocks: list[ParsedToolCall | None] = []  # verdict per closed block, in order
+        self.ids: list[int] = []
+        self.emitted = ""
+
+    def _scan(self, text: str, final: bool) -> tuple[str, list[ParsedToolCall]]:
+        content, calls, pos, k = "", [], 0, 0
+        while True:
+            start = text.find(TOOL_START, pos)
+            if start < 0:
+                tail = text[pos:]
+                content += tail if final else tail[: len(tail) - _partial_tag(tail, TOOL_START)]
+                break
+            content += text[pos:start]
+            end = text.find(TOOL_END, start + len(TOOL_START))
+            if end < 0:  # an open block: content only once generation ended without closing it
+                if final:
+                    content += text[start:]
+                break
+            if k == len(self._blocks):
+                self._blocks.append(parse_tool_call(text[start + len(TOOL_START) : end]))
+            verdict = self._blocks[k]
+            if verdict is None:  # not a well-formed call: keep the model's text rather than lose it
+                content += text[start : end + len(TOOL_END)]
+            else:
+                calls.append(verdict)
+            pos, k = end + len(TOOL_END), k + 1
+        return content, calls
+
+    def _delta(self, final: bool) -> Delta:
+        text = self._tok.decode(self.ids, skip_special_tokens=True)
+        if text.endswith("\ufffd") and not final:  # an incomplete multi-byte character: wait for the next byte token
+            return Delta()
+        if self._stop:
+            cut = truncate_at_stop(text, self._stop)
+            if len(cut) == len(text) and not final:
+                cut = text[: len(text) - self._holdback]
+            text = cut
+        emitted_calls = sum(1 for b in self._blocks if b is not None)
+        content, calls = self._scan(text, final)
+        new = content[len(self.emitted) :] if content.startswith(self.emitted) else ""
+        self.emitted += new
+        return Delta(content=new, tool_calls=calls[emitted_calls:])
+
+    def push(self, token_id: int) -> Delta:
+        self.ids.append(token_id)
+        return self._delta(final=False)
+
+    def finish(self) -> Delta:
+        return self._delta(final=True)
+
+
 def _tool_call_id() -> str:
     return f"chatcmpl-tool-{uuid.uuid4().hex[:24]}"
 
@@ -119,6 +197,10 @@ class ChatOutputParser:
         self._parse_reasoning = parse_reasoning
         self._state: Literal["content", "reasoning", "tool"] = "content"
         self._content = TextStreamer(tokenizer, self._stop)
+        # Tags that are not single tokens can only be found in the text (see the module docstring).
+        self._text_tools = (
+            TextToolStreamer(tokenizer, self._stop) if parse_tools and -1 in (self._tool, self._tool_end) else None
+        )
         self._reasoning = TextStreamer(tokenizer, self._stop)
         self._tool_ids: list[int] = []
         self.content = ""
@@ -132,6 +214,9 @@ class ChatOutputParser:
         return delta
 
     def _flush_segments(self) -> Delta:
+        if self._text_tools is not None:
+            flushed = self._text_tools.finish()
+            return Delta(content=flushed.content, reasoning=self._reasoning.finish(), tool_calls=flushed.tool_calls)
         return Delta(content=self._content.finish(), reasoning=self._reasoning.finish())
 
     def push(self, token_id: int) -> Delta:
@@ -159,6 +244,8 @@ class ChatOutputParser:
             self._tool_ids.append(token_id)
         elif self._state == "reasoning":
             delta.reasoning = self._reasoning.push(token_id)
+        elif self._text_tools is not None:
+            delta = self._text_tools.push(token_id)
         else:
             delta.content = self._content.push(token_id)
         return self._emit(delta)
@@ -171,4 +258,5 @@ class ChatOutputParser:
         flushed = self._flush_segments()
         delta.content += flushed.content
         delta.reasoning += flushed.reasoning
+        delta.tool_calls += flushed.tool_calls
         return self._emit(delta)

@@ -1,15 +1,16 @@
-"""Settings of the inference service (env prefix ``FLOE_INFERENCE_``)."""
+"""Settings of the inference service (env prefix ``FLOE_INFERENCE_``) and of floe's download cache (``FLOE_CACHE``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from contracts import WEIGHTS
 
-__all__ = ["InferenceSettings"]
+__all__ = ["CacheSettings", "InferenceSettings"]
 
 
 class InferenceSettings(BaseSettings):
@@ -36,3 +37,17 @@ class InferenceSettings(BaseSettings):
     weights_topic: str = WEIGHTS.name
     weights_group_id: str | None = Field(default=None, description="default: a fresh group per process")
     policy_name: str = Field(default="policy", description="only WeightsPublished with this base_model apply")
+    engine: Literal["cpu", "vllm"] = Field(
+        default="cpu", description="cpu: this package's engine; vllm: exec deploy/vllm/serve.sh with these settings"
+    )
+    vllm_serve_script: Path | None = Field(
+        default=None, description="deploy/vllm/serve.sh; default: found above the working directory or this package"
+    )
+
+
+class CacheSettings(BaseSettings):
+    """``FLOE_CACHE``: downloads and builds kept between runs (models, the vLLM venv of deploy/vllm/venv.sh)."""
+
+    model_config = SettingsConfigDict(env_prefix="FLOE_", extra="ignore")
+
+    cache: Path = Field(default_factory=lambda: Path.home() / ".cache" / "floe")
