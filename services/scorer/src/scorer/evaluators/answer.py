@@ -11,12 +11,9 @@ that writes the answer) resolves and the empty diff does not.
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
-
 from contracts import Outcome
-from floe_tasks import Task, TaskError
-from scorer.evaluators.base import EvalRunner, GradeResult
+from floe_tasks import Task
+from scorer.evaluators.base import EvalRunner, GradeResult, materialize_problems
 
 __all__ = ["ANSWER_FILE", "AnswerEvaluator", "answer_from_diff", "answer_patch", "grade_answer", "score_answer"]
 
@@ -97,13 +94,7 @@ class AnswerEvaluator:
         problems: list[str] = []
         if task.answer is None:
             problems.append("answer task without 'answer'")
-        # the agent's workspace: the snapshot at base_commit, or an empty repository when the task names none
-        with tempfile.TemporaryDirectory() as tmp:
-            try:
-                task.materialize(Path(tmp) / "w")
-            except TaskError as exc:
-                problems.append(f"cannot materialize: {exc}")
-        return problems
+        return problems + materialize_problems(task)
 
     def checks(self, task: Task) -> dict[str, str]:
         return {"gold": task.patch or answer_patch(task.answer or ""), "empty": ""}

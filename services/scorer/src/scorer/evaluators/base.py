@@ -9,13 +9,15 @@ touches it. Evaluators therefore never import a sandbox backend.
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 from contracts import Outcome
-from floe_tasks import Task
+from floe_tasks import Task, TaskError
 
-__all__ = ["EvalRunner", "Evaluator", "GradeResult", "SandboxRun"]
+__all__ = ["EvalRunner", "Evaluator", "GradeResult", "SandboxRun", "materialize_problems"]
 
 
 @dataclass
@@ -91,3 +93,13 @@ class Evaluator(Protocol):
     def checks(self, task: Task) -> dict[str, str]:
         """The diffs that prove the task gradable, by check name: ``gold`` must resolve, every other must not."""
         ...
+
+
+def materialize_problems(task: Task) -> list[str]:
+    """Whether the agent's workspace can be built (the snapshot at ``base_commit``, or an empty repository)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            task.materialize(Path(tmp) / "w")
+        except TaskError as exc:
+            return [f"cannot materialize: {exc}"]
+    return []

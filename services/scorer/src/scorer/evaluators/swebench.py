@@ -18,14 +18,12 @@ test patch of test files only; then gold -> resolved, empty -> unresolved, test 
 
 from __future__ import annotations
 
-import tempfile
 import time
-from pathlib import Path
 
 from contracts import Outcome
-from floe_tasks import Task, TaskError, patch_files
+from floe_tasks import Task, patch_files
 from scorer.evalscript import APPLIED_PREFIX, SANDBOX_UP
-from scorer.evaluators.base import EvalRunner, GradeResult
+from scorer.evaluators.base import EvalRunner, GradeResult, materialize_problems
 from scorer.grading import APPLY_FAILED, TESTS_TIMED_OUT, get_eval_report
 
 __all__ = ["SwebenchEvaluator"]
@@ -108,11 +106,7 @@ class SwebenchEvaluator:
         if [p for p in patch_files(task.test_patch) if not _is_test_path(p)]:
             problems.append("test_patch touches non-test files")
         if task.snapshot is not None:
-            with tempfile.TemporaryDirectory() as tmp:
-                try:
-                    task.materialize(Path(tmp) / "w")
-                except TaskError as exc:
-                    problems.append(f"cannot materialize: {exc}")
+            problems += materialize_problems(task)
         return problems
 
     def checks(self, task: Task) -> dict[str, str]:
