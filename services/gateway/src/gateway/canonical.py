@@ -85,8 +85,16 @@ class Message:
         return (self.role, self.content.strip(), calls)
 
     def to_engine(self) -> dict[str, Any]:
-        """OpenAI-chat shaped message for the engine's chat template."""
-        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        """OpenAI-chat shaped message for the engine's chat template.
+
+        An assistant message that is only tool calls has ``content: null`` (OpenAI's own convention), never "":
+        vLLM hands a string content to the template as a one-part list, ``[{"type": "text", "text": ""}]``, which
+        Jinja finds truthy, so a template that separates content from the calls (``{% if message.content %}``)
+        renders a separator for nothing there and vLLM's prompt differs from the CPU engine's (transformers')."""
+        content: str | None = (
+            None if (self.tool_calls and not self.content and self.role == "assistant") else self.content
+        )
+        out: dict[str, Any] = {"role": self.role, "content": content}
         if self.reasoning:
             out["reasoning_content"] = self.reasoning
         if self.tool_calls:

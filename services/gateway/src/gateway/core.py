@@ -35,7 +35,6 @@ from gateway.canonical import (
     Message,
     ReasoningDelta,
     TextDelta,
-    ToolCall,
     ToolCallDelta,
     TurnEvent,
     TurnResult,
@@ -49,7 +48,7 @@ from gateway.recorder import Recorder
 from gateway.registry import ChainEntry, Session
 from gateway.settings import GatewaySettings
 from gateway.tokenization import ExactPlanner, tools_key
-from gateway.upstream import EngineChunk, EngineClient
+from gateway.upstream import EngineChunk, EngineClient, EngineToolCalls
 
 __all__ = ["Admission", "Gateway", "Turn"]
 
@@ -256,6 +255,7 @@ class Turn:
         """Content events as the engine samples; records (durably) before returning."""
         assert self._first is not None, "start() first"
         parser = OutputParser()
+        engine_calls = EngineToolCalls()
         ids: list[int] = []
         lps: list[float] = []
         finish: str | None = None
@@ -287,18 +287,15 @@ class Turn:
                 engine_prompt = chunk.prompt_token_ids or engine_prompt
                 finish = chunk.finish_reason or finish
                 stop_reason = chunk.stop_reason if chunk.stop_reason is not None else stop_reason
-                for ev in self._engine_parsed(chunk):
-                    self._collect(ev, text_parts, reasoning_parts)
+                # Reasoning and tool calls the engine parsed itself (canonical mode), then its text, which the
+                # gateway's parser still reads (exact mode: /v1/completions has no tool parser on either engine).
+                engine_events: list[TurnEvent] = [ReasoningDelta(chunk.reasoning)] if chunk.reasoning else []
+                engine_events += [ToolCallDelta(0, c) for c in engine_calls.feed(chunk.tool_calls, chunk.text)]
+                for ev in [*engine_events, *parser.feed(chunk.text)]:
+                    ev = self._collect(ev, text_parts, reasoning_parts)
                     yield ev
-                for ev in parser.feed(chunk.text):
-                    if isinstance(ev, ToolCallDelta):
-                        ev = ToolCallDelta(len(self.result.tool_calls), ev.call)
-                    self._collect(ev, text_parts, reasoning_parts)
-                    yield ev
-            for ev in parser.finish():
-                if isinstance(ev, ToolCallDelta):
-                    ev = ToolCallDelta(len(self.result.tool_calls), ev.call)
-                self._collect(ev, text_parts, reasoning_parts)
+            for ev in [*parser.finish(), *(ToolCallDelta(0, c) for c in engine_calls.finish())]:
+                ev = self._collect(ev, text_parts, reasoning_parts)
                 yield ev
             if parser.parse_failures:
                 self.gw.metrics.parse_failures.inc(parser.parse_failures)
@@ -324,33 +321,17 @@ class Turn:
         finally:
             await self.aclose(status="ok" if ok else "error")
 
-    def _engine_parsed(self, chunk: EngineChunk) -> list[TurnEvent]:
-        """Reasoning and tool calls the engine parsed itself (canonical mode, an engine with a parser)."""
-        out: list[TurnEvent] = []
-        if chunk.reasoning:
-            out.append(ReasoningDelta(chunk.reasoning))
-        for tc in chunk.tool_calls:
-            fn = tc.get("function") or {}
-            if not isinstance(fn.get("name"), str):
-                raise UpstreamError("engine sent a tool call without a name")
-            args = fn.get("arguments") or "{}"
-            call = ToolCall(
-                str(tc.get("id") or f"call_{new_call_id()}"),
-                fn["name"],
-                args if isinstance(args, str) else json.dumps(args),
-            )
-            out.append(
-                ToolCallDelta(len(self.result.tool_calls) + sum(isinstance(e, ToolCallDelta) for e in out), call)
-            )
-        return out
-
-    def _collect(self, ev: TurnEvent, text: list[str], reasoning: list[str]) -> None:
+    def _collect(self, ev: TurnEvent, text: list[str], reasoning: list[str]) -> TurnEvent:
+        """Add ``ev`` to the result; a tool call gets its index in the whole answer (engine and gateway parsers
+        number their calls independently)."""
         if isinstance(ev, TextDelta):
             text.append(ev.text)
         elif isinstance(ev, ReasoningDelta):
             reasoning.append(ev.text)
         elif isinstance(ev, ToolCallDelta):
+            ev = ToolCallDelta(len(self.result.tool_calls), ev.call)
             self.result.tool_calls.append(ev.call)
+        return ev
 
     def _finish(self, finish: str | None, stop_reason: Any) -> Any:
         if finish == "length":

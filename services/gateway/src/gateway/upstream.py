@@ -11,6 +11,9 @@ Endpoints used (field names as in vLLM's ``entrypoints/openai/protocol.py``):
   ``POST /detokenize``; ``GET /v1/models``.
 - The serving weight version comes from a ``weight_version`` field of any chunk or the ``x-floe-weight-version``
   response header.
+- Tool calls the engine parsed itself (canonical mode) arrive as ``delta.tool_calls`` entries keyed by ``index``:
+  the CPU engine sends each call whole in one entry, vLLM in fragments (``id`` and ``function.name`` first, then
+  pieces of ``function.arguments``). ``EngineToolCalls`` assembles both into whole calls.
 
 The gateway always streams from the engine, even for a non-streaming client: one code path, a measured TTFT.
 
@@ -36,9 +39,10 @@ from typing import Any
 import httpx
 import structlog
 
+from gateway.canonical import ToolCall, new_call_id
 from gateway.errors import ContextOverflow, InvalidRequest, UpstreamError, UpstreamUnavailable
 
-__all__ = ["EngineChunk", "EngineClient", "HashRing", "Tokenized", "map_httpx_errors"]
+__all__ = ["EngineChunk", "EngineClient", "EngineToolCalls", "HashRing", "Tokenized", "map_httpx_errors"]
 
 log = structlog.get_logger()
 
@@ -106,6 +110,62 @@ class EngineChunk:
 class Tokenized:
     tokens: list[int]
     max_model_len: int | None
+
+
+@dataclass
+class _CallParts:
+    id: str | None = None
+    name: str | None = None
+    arguments: list[str] = field(default_factory=list)
+
+
+class EngineToolCalls:
+    """Whole tool calls from the engine's streamed ``delta.tool_calls`` fragments.
+
+    A call is complete once a fragment of a later call arrives, once text follows it (engine parsers only emit
+    content outside calls), or at the end of the stream (``finish``); until then it is held back, because the
+    gateway's canonical stream carries whole calls only. An entry without an ``index`` is a call of its own. The
+    first ``id`` and ``function.name`` of a call win (vLLM sends each once); ``arguments`` fragments are
+    concatenated."""
+
+    def __init__(self) -> None:
+        self._open: dict[int, _CallParts] = {}
+        self._next = 0
+
+    def feed(self, fragments: list[dict[str, Any]], text: str) -> list[ToolCall]:
+        done: list[ToolCall] = []
+        if text and not fragments:
+            done += self.finish()
+        for frag in fragments:
+            idx = frag.get("index")
+            idx = idx if isinstance(idx, int) else self._next
+            if idx not in self._open:
+                done += self._close(before=idx)
+                self._open[idx] = _CallParts()
+                self._next = max(self._next, idx + 1)
+            parts = self._open[idx]
+            fn = frag.get("function") or {}
+            parts.id = parts.id or (str(frag["id"]) if frag.get("id") else None)
+            parts.name = parts.name or (fn["name"] if isinstance(fn.get("name"), str) and fn["name"] else None)
+            args = fn.get("arguments")
+            if isinstance(args, str):
+                parts.arguments.append(args)
+            elif args is not None:
+                parts.arguments.append(json.dumps(args, ensure_ascii=False))
+        return done
+
+    def finish(self) -> list[ToolCall]:
+        return self._close(before=None)
+
+    def _close(self, *, before: int | None) -> list[ToolCall]:
+        """Close the open calls with an index below ``before`` (all of them when None), in index order."""
+        out: list[ToolCall] = []
+        for idx in sorted(i for i in self._open if before is None or i < before):
+            parts = self._open.pop(idx)
+            if parts.name is None:
+                raise UpstreamError(f"engine sent tool call {idx} without a name")
+            out.append(ToolCall(parts.id or f"call_{new_call_id()}", parts.name, "".join(parts.arguments) or "{}"))
+        return out
 
 
 def _logprobs_of(choice: dict[str, Any]) -> list[float]:
