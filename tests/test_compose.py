@@ -94,12 +94,31 @@ def test_every_floe_variable_is_a_settings_field() -> None:
             assert field in by_prefix[prefix].model_fields, f"{name}: {var} is not a field of {by_prefix[prefix]}"
 
 
-def test_vllm_profile_uses_the_checked_in_serve_script() -> None:
+def test_gpu_profile_runs_the_weight_following_proxy_in_front_of_vllm() -> None:
+    # The gpu profile's engine is floe's inference service in vLLM mode (proxy + weight follower + vLLM as its child,
+    # deploy/vllm/README.md): same port and alias as the CPU engine, in an image that has the vLLM venv.
     vllm = SERVICES["vllm"]
     assert vllm["profiles"] == ["gpu"]
-    script = ROOT / vllm["entrypoint"][1].replace("/deploy/", "deploy/", 1)
-    assert script.is_file(), f"{script} missing"
-    assert "vllm serve" in script.read_text()
+    assert vllm["command"] == ["python", "-m", "inference", "--engine", "vllm"]
+    assert "inference" in vllm["networks"]["default"]["aliases"]
+    env = _environment(vllm)
+    assert env["FLOE_VLLM_DEVICE"] == "cuda" and env["FLOE_INFERENCE_HOST"] == "0.0.0.0"
+    gateway_urls = _environment(SERVICES["gateway"])["FLOE_GATEWAY_ENGINE_URLS"]
+    assert f"http://inference:{env['FLOE_INFERENCE_PORT']}" in gateway_urls
+    assert "FLOE_KAFKA_BOOTSTRAP_SERVERS" in env  # it consumes floe.weights
+    dockerfile = (ROOT / vllm["build"]["context"] / vllm["build"]["dockerfile"]).read_text()
+    assert "deploy/vllm/venv.sh" in dockerfile and "FLOE_VLLM_DEVICE=cuda" in dockerfile
+    assert "vllm serve" in (ROOT / "deploy" / "vllm" / "serve.sh").read_text()
+
+
+def test_the_engines_read_the_learners_checkpoints_at_the_path_it_publishes() -> None:
+    # WeightsPublished.uri is a path inside the learner's container: every engine must mount it at the same place.
+    checkpoints = _environment(SERVICES["learner"])["FLOE_LEARNER_CHECKPOINT_DIR"]
+    learner_mounts = {m.split(":")[1]: m.split(":")[0] for m in SERVICES["learner"]["volumes"]}
+    mount = next(target for target in learner_mounts if checkpoints.startswith(target))
+    for name in ("inference", "vllm"):
+        mounts = {m.split(":")[1]: m.split(":")[0] for m in SERVICES[name]["volumes"]}
+        assert mounts.get(mount) == learner_mounts[mount], f"{name} does not see {checkpoints}"
 
 
 def test_every_service_package_has_a_compose_service() -> None:
@@ -107,7 +126,7 @@ def test_every_service_package_has_a_compose_service() -> None:
     assert {SHIPPED_IN.get(p, p) for p in PACKAGES} <= built
 
 
-@pytest.mark.parametrize("name", [p for p in PACKAGES if p not in SHIPPED_IN.values()])
+@pytest.mark.parametrize("name", [*(p for p in PACKAGES if p not in SHIPPED_IN.values()), "vllm"])
 def test_services_restart_after_a_crash(name: str) -> None:
     # Services are crash-only (a dead pipeline exits non-zero; state comes back from Kafka): compose must restart them.
     assert SERVICES[name].get("restart") in {"on-failure", "unless-stopped", "always"}

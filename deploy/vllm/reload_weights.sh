@@ -4,6 +4,7 @@
 #   -> reset_prefix_cache (cached KV was computed by the old weights) -> resume.
 # Usage: reload_weights.sh CHECKPOINT_DIR [VLLM_URL]
 # Needs VLLM_SERVER_DEV_MODE=1 on the server; the checkpoint must have the same architecture and tokenizer.
+# For a vLLM without floe's proxy in front: the proxy reloads from floe.weights itself (deploy/vllm/README.md).
 set -euo pipefail
 CKPT="$(realpath "${1:?usage: reload_weights.sh CHECKPOINT_DIR [VLLM_URL]}")"
 URL="${2:-${FLOE_VLLM_URL:-http://127.0.0.1:8100}}"
@@ -17,3 +18,6 @@ trap 'post /resume' EXIT                      # never leave the server paused, e
 ln -sfn "$CKPT" "$LINK.tmp" && mv -T "$LINK.tmp" "$LINK"   # atomic re-point
 post /collective_rpc '{"method": "reload_weights"}'
 post /reset_prefix_cache
+# vLLM's record of what it holds: floe's proxy (`python -m inference --engine vllm`) watches it and restarts when it
+# changes behind its back, rather than stamp calls with a version whose weights are gone.
+post /update_weight_version "{\"new_version\": \"manual:$CKPT\"}"

@@ -25,24 +25,32 @@ def free_port() -> int:
 
 
 @contextmanager
-def running_server(settings: InferenceSettings, kafka: KafkaSettings | None = None) -> Iterator[str]:
-    """Run the real app under uvicorn in a thread; yields its base URL and shuts it down cleanly."""
-    port = free_port()
-    settings = settings.model_copy(update={"port": port})
-    app = create_app(settings, kafka=kafka)
+def running_app(app: Any, port: int) -> Iterator[str]:
+    """Run any ASGI app under uvicorn in a thread on ``port``; yields its base URL and shuts it down cleanly."""
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
     thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
     thread.start()
     deadline = time.monotonic() + 60
     while not server.started:
         if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("inference server failed to start")
+            raise RuntimeError(f"server on port {port} failed to start")
         time.sleep(0.02)
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
         server.should_exit = True
         thread.join(30)
+
+
+@contextmanager
+def running_server(
+    settings: InferenceSettings, kafka: KafkaSettings | None = None, factory: Callable[..., Any] = create_app
+) -> Iterator[str]:
+    """Run the real app (``factory``: the CPU engine's, or ``create_vllm_app``) in a thread; yields its base URL."""
+    port = free_port()
+    settings = settings.model_copy(update={"port": port})
+    with running_app(factory(settings, kafka=kafka), port) as url:
+        yield url
 
 
 @pytest.fixture(scope="session")
@@ -75,7 +83,7 @@ def base_url(make_settings: Callable[..., InferenceSettings]) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def serve() -> Callable[..., Any]:
-    """``with serve(settings, kafka=None) as url:`` — a real server for tests that need their own settings."""
+    """``with serve(settings, kafka=None, factory=create_app) as url:`` — a real server with its own settings."""
     return running_server
 
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from inference import InferenceSettings
-from inference.__main__ import main as inference_main
 from inference.vllm_engine import VllmLaunchError, find_serve_script, vllm_overrides
 
 DEPLOY = Path(__file__).resolve().parents[3] / "deploy" / "vllm"
@@ -107,18 +107,41 @@ def test_serve_without_a_checkpoint_names_the_directory(tmp_path: Path) -> None:
 def test_inference_settings_map_onto_serve_sh(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text("{}")
     settings = InferenceSettings(model_dir=tmp_path, port=8123, served_model_name="pol", max_model_len=1024)
-    env = vllm_overrides(settings)
-    assert env["FLOE_VLLM_MODEL"] == str(tmp_path.resolve()) and env["FLOE_VLLM_PORT"] == "8123"
+    env = vllm_overrides(settings, 8124)
+    assert env["FLOE_VLLM_MODEL"] == str(tmp_path.resolve())
+    # vLLM listens privately (its dev-mode reload endpoints are administrative); the proxy takes the public port.
+    assert env["FLOE_VLLM_HOST"] == "127.0.0.1" and env["FLOE_VLLM_PORT"] == "8124"
     assert env["FLOE_VLLM_SERVED_MODEL_NAME"] == "pol" and env["FLOE_VLLM_MAX_MODEL_LEN"] == "1024"
-    assert env["FLOE_VLLM_HOST"] == settings.host and env["FLOE_VLLM_MAX_LOGPROBS"] == str(settings.max_logprobs)
+    assert env["FLOE_VLLM_MAX_LOGPROBS"] == str(settings.max_logprobs)
     assert find_serve_script(settings) == DEPLOY / "serve.sh"
     with pytest.raises(VllmLaunchError, match="no such file"):
         find_serve_script(InferenceSettings(vllm_serve_script=tmp_path / "nope.sh"))
 
 
-def test_engine_vllm_without_a_checkpoint_fails_with_the_fix(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("FLOE_INFERENCE_MODEL_DIR", str(tmp_path / "missing"))
-    assert inference_main(["--engine", "vllm"]) == 2
-    assert "floe model fetch smollm2-135m" in capsys.readouterr().err
+def run_engine_vllm(**env: str) -> subprocess.CompletedProcess[str]:
+    # A process of its own: `python -m inference` configures logging for good, which pytest's capture would break.
+    return subprocess.run(
+        [sys.executable, "-m", "inference", "--engine", "vllm"],
+        env={**os.environ, "FLOE_INFERENCE_CONSUME_WEIGHTS": "false", "FLOE_INFERENCE_PORT": "0", **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_engine_vllm_without_a_checkpoint_fails_with_the_fix(tmp_path: Path) -> None:
+    out = run_engine_vllm(FLOE_INFERENCE_MODEL_DIR=str(tmp_path / "missing"))
+    assert out.returncode == 2 and "floe model fetch smollm2-135m" in out.stderr
+
+
+def test_engine_vllm_fails_naming_the_cause_when_vllm_dies_at_start(tmp_path: Path) -> None:
+    # A vLLM that exits at once (a broken install, a bad flag): the proxy must not serve, and must exit non-zero so
+    # a supervisor restarts it.
+    (tmp_path / "config.json").write_text("{}")
+    broken = tmp_path / "vllm"
+    broken.write_text("#!/bin/sh\necho 'vllm: broken on purpose' >&2\nexit 3\n")
+    broken.chmod(0o755)
+    out = run_engine_vllm(FLOE_INFERENCE_MODEL_DIR=str(tmp_path), FLOE_VLLM_BIN=str(broken))
+    assert out.returncode != 0, out.stderr[-2000:]  # uvicorn's startup failure (3)
+    assert "broken on purpose" in out.stderr
+    assert "exited with 3 before it was healthy" in out.stderr

@@ -65,8 +65,10 @@ def test_compose_gpu_profile_uses_the_same_port_and_name() -> None:
     compose = yaml.safe_load((DEPLOY.parents[1] / "docker-compose.yml").read_text())["services"]
     svc = compose["vllm"]
     assert svc["profiles"] == ["gpu"]
-    assert svc["environment"]["FLOE_VLLM_PORT"] == str(settings.port)
-    assert svc["environment"]["FLOE_VLLM_SERVED_MODEL_NAME"] == settings.served_model_name
-    # vLLM answers under the CPU engine's name on the compose network, so the gateway config is the same.
+    # floe's proxy in front of vLLM listens where the CPU engine does, under its name (vLLM itself is private).
+    assert svc["command"] == ["python", "-m", "inference", "--engine", "vllm"]
+    assert svc["environment"]["FLOE_INFERENCE_PORT"] == str(settings.port)
+    assert svc["environment"]["FLOE_INFERENCE_SERVED_MODEL_NAME"] == settings.served_model_name
+    # It answers under the CPU engine's name on the compose network, so the gateway config is the same.
     assert "inference" in svc["networks"]["default"]["aliases"]
     assert compose["inference"]["environment"]["FLOE_INFERENCE_PORT"] == str(settings.port)

@@ -2,8 +2,8 @@
 
 Settings come from ``FLOE_INFERENCE_*`` (and ``FLOE_KAFKA_*``); the two flags override ``FLOE_INFERENCE_ENGINE`` and
 ``FLOE_INFERENCE_MODEL_DIR``. ``--model`` takes a checkpoint directory or a name from ``floe model list``, which is
-fetched (or verified, if already cached) first. ``--engine vllm`` replaces this process with vLLM
-(``deploy/vllm/serve.sh``) on the same host, port and served model name.
+fetched (or verified, if already cached) first. ``--engine vllm`` serves the same host, port and model name through
+``inference.vllm_proxy``, in front of a vLLM it starts (``deploy/vllm/serve.sh``) or ``FLOE_INFERENCE_VLLM_URL``.
 """
 
 from __future__ import annotations
@@ -32,16 +32,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.model is not None:
         overrides["model_dir"] = _resolve_model(args.model)
     settings = InferenceSettings(**overrides)
-    if settings.engine == "vllm":
-        from inference.vllm_engine import VllmLaunchError, exec_vllm
+    from eventbus import serve
 
-        try:
-            exec_vllm(settings)
+    if settings.engine == "vllm":
+        from inference.vllm_engine import VllmLaunchError, check_model_dir, find_serve_script
+        from inference.vllm_proxy import create_vllm_app
+
+        try:  # the mistakes a user makes, said before anything starts
+            check_model_dir(settings)
+            if settings.vllm_url is None:
+                find_serve_script(settings)
         except VllmLaunchError as exc:
             print(f"inference: {exc}", file=sys.stderr)
             return 2
+        # Exits 1 if vLLM, the weight follower or the watch dies; uvicorn exits 3 if vLLM never became healthy.
+        return serve(create_vllm_app(settings), settings.host, settings.port)
 
-    from eventbus import serve
     from inference.app import create_app
 
     # Exits 1 if the weight reloader dies (see eventbus.serving), so a supervisor restarts the engine.

@@ -22,16 +22,20 @@ from eventbus import KafkaSettings, critical_failure, critical_task
 from inference.checkpoint import init_dev_model, load_checkpoint
 from inference.engine import Engine, EngineClosedError
 from inference.errors import APIError
-from inference.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
-from inference.reloader import run_weight_reloader
+from inference.protocol import (
+    WEIGHT_VERSION_HEADER,
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
+from inference.reloader import run_weight_follower
 from inference.serving import OpenAIServing, Stream, api_error_from
 from inference.settings import InferenceSettings
 
 __all__ = ["WEIGHT_VERSION_HEADER", "create_app"]
 
 log = structlog.get_logger()
-
-WEIGHT_VERSION_HEADER = "x-floe-weight-version"
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
@@ -76,7 +80,7 @@ def create_app(settings: InferenceSettings | None = None, *, kafka: KafkaSetting
             # An engine that silently stopped following WeightsPublished would serve stale weights forever.
             reloader = critical_task(
                 app,
-                run_weight_reloader(
+                run_weight_follower(
                     engine,
                     kafka or KafkaSettings(),
                     topic_name=settings.weights_topic,

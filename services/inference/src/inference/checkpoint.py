@@ -20,6 +20,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedModel, Qwen2Config
 from transformers.utils import logging as hf_logging
 
+from inference.reloader import VERSION_FILE, read_version
 from inference.tokenizer import Tokenizer
 from inference.tokenizer_build import CONTROL_TOKENS, build_tokenizer
 
@@ -34,8 +35,6 @@ __all__ = [
     "read_version",
     "save_checkpoint",
 ]
-
-VERSION_FILE = "floe.json"
 
 
 @dataclass(frozen=True)
@@ -60,16 +59,6 @@ class Checkpoint:
     model: PreTrainedModel
     tokenizer: Tokenizer
     version: int
-
-
-def read_version(path: Path) -> int | None:
-    """The version recorded in ``floe.json``, if any."""
-    meta = path / VERSION_FILE
-    if not meta.exists():
-        return None
-    data = json.loads(meta.read_text())
-    version = data.get("version")
-    return int(version) if version is not None else None
 
 
 def _write_version(path: Path, version: int, extra: dict[str, Any] | None = None) -> None:

@@ -25,13 +25,14 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import structlog
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from inference.checkpoint import Checkpoint
+from inference.checkpoint import Checkpoint, load_checkpoint
 from inference.sampling import SamplingParams, sample_batch
 from inference.tokenizer import Tokenizer
 
@@ -288,6 +289,11 @@ class Engine:
             self._swap = checkpoint
             self._cond.notify_all()
             return True
+
+    async def load_weights(self, path: Path, version: int) -> bool:
+        """``reloader.WeightsTarget``: load ``path`` in a worker thread (serving goes on), then ``request_swap``."""
+        checkpoint = await asyncio.to_thread(load_checkpoint, path, version=version)
+        return self.request_swap(checkpoint)
 
     def queue_depth(self) -> int:
         return len(self._pending)

@@ -22,7 +22,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+# On every response of both engines (the CPU engine and the proxy in front of vLLM); the gateway reads it.
+WEIGHT_VERSION_HEADER = "x-floe-weight-version"
+
 __all__ = [
+    "WEIGHT_VERSION_HEADER",
     "ChatCompletionRequest",
     "CompletionRequest",
     "DetokenizeRequest",

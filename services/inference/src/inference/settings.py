@@ -38,10 +38,23 @@ class InferenceSettings(BaseSettings):
     weights_group_id: str | None = Field(default=None, description="default: a fresh group per process")
     policy_name: str = Field(default="policy", description="only WeightsPublished with this base_model apply")
     engine: Literal["cpu", "vllm"] = Field(
-        default="cpu", description="cpu: this package's engine; vllm: exec deploy/vllm/serve.sh with these settings"
+        default="cpu", description="cpu: this package's engine; vllm: a proxy in front of vLLM (inference.vllm_proxy)"
     )
     vllm_serve_script: Path | None = Field(
         default=None, description="deploy/vllm/serve.sh; default: found above the working directory or this package"
+    )
+    vllm_url: str | None = Field(
+        default=None, description="proxy to this running vLLM (dev mode) instead of starting one with serve.sh"
+    )
+    vllm_port: int | None = Field(default=None, description="127.0.0.1 port of the vLLM we start; default: a free one")
+    vllm_start_timeout_s: float = Field(default=1800.0, gt=0, description="until the vLLM we start is healthy")
+    vllm_timeout_s: float = Field(default=600.0, gt=0, description="longest silence of vLLM within one request")
+    vllm_drain_timeout_s: float = Field(
+        default=600.0, gt=0, description="a reload waits this long for running requests, else that version is skipped"
+    )
+    vllm_reload_timeout_s: float = Field(default=600.0, gt=0, description="for vLLM's reload_weights call")
+    vllm_watch_s: float = Field(
+        default=2.0, gt=0, description="how often the proxy checks that vLLM still holds the version it stamps"
     )
 
 

@@ -72,6 +72,8 @@ class VllmServer:
                 )
                 # KV blocks computed by the old weights must not serve the new ones.
                 _ok(c.post("/reset_prefix_cache"))
+                # What vLLM holds now, for a floe proxy in front of it (inference.vllm_weights): not a floe version.
+                _ok(c.post("/update_weight_version", json={"new_version": f"manual:{weights}"}))
             finally:
                 _ok(c.post("/resume"))
 
