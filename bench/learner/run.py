@@ -21,11 +21,21 @@ tokenizer, 2048). Default selection ``--harness pi --mode exact`` keeps the run 
 explicitly).
 
     .venv/bin/python bench/learner/run.py --recordings bench/recordings/data [--harness pi codex] [--mode exact]
+
+``--real-model`` trains the real SmolLM2-135M-Instruct (``floe model fetch smollm2-135m``; or ``--model-dir DIR``, any
+HF causal LM) on one micro-batch of ``--rows`` sequences x ``--seq-len`` tokens, whose ids are this repository's own
+source code put through the model's tokenizer and chat template (half prompt, half trainable response). It prints
+step time, tokens/s, the peak RSS of the measured steps (``VmHWM``, reset after loading and a warm-up step that
+allocates the AdamW state) and the time and size of one checkpoint. One configuration per run, so that each peak
+RSS is its own; the services/learner README has the numbers.
+
+    .venv/bin/python bench/learner/run.py --real-model [--rows 8] [--seq-len 256] [--grad-ckpt] [--no-kl] [--bf16]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
 import sys
@@ -39,7 +49,7 @@ import torch
 # The synthetic sessions and tiny model are the learner tests' fixture (services/learner/tests/synthetic.py).
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "services" / "learner" / "tests"))
 
-from synthetic import per_request_rows, prefix_merging_rows, save_tiny_model, synthetic_sessions
+from synthetic import per_request_rows, prefix_merging_rows, save_tiny_model, synthetic_sessions, trajectory_row
 
 from contracts import TrajectoryRow, to_ipc
 from eventbus import configure_logging
@@ -141,6 +151,103 @@ def run_recorded(args: argparse.Namespace) -> None:
           f"tokens processed: {pr[1] / pm[1]:.2f}x fewer; same trainable tokens: {pr[2] == pm[2]}")  # fmt: skip
 
 
+def _proc_status_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def real_rows(model_dir: Path, rows: int, seq_len: int) -> list[TrajectoryRow]:
+    """``rows`` sequences of exactly ``seq_len`` ids from the model's own tokenizer: chat-templated source code."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    repo = Path(__file__).resolve().parents[2]
+    corpus: list[int] = []
+    for f in sorted((repo / "services").glob("*/src/*/*.py")):
+        corpus += tok.encode(f.read_text())
+        if len(corpus) > rows * seq_len:
+            break
+    half = seq_len // 2
+    eos = tok.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in tok.get_vocab() else tok.eos_token_id
+    out = []
+    for i in range(rows):
+        window = corpus[i * seq_len : (i + 1) * seq_len]
+        chat = tok.apply_chat_template(
+            [{"role": "user", "content": tok.decode(window[: half // 2])}], add_generation_prompt=True, tokenize=True
+        )
+        ids = list(chat["input_ids"] if hasattr(chat, "keys") else chat)  # transformers 5 returns a mapping
+        prompt = [*ids, *window[half // 2 : half]][:half]
+        response = [*window[half : seq_len - 1], eos][: seq_len - len(prompt)]
+        out.append(
+            trajectory_row(
+                session_id=f"s{i}", group_id=f"g{i // 4}", prompt=prompt, response=response,
+                response_mask=[1] * len(response), response_logprobs=[-1.0] * len(response),
+                response_versions=[0] * len(response), reward=float(i % 2), advantage=float(i % 2) - 0.5,
+            )
+        )  # fmt: skip
+    return out
+
+
+def run_real(args: argparse.Namespace) -> None:
+    if args.model_dir is None:
+        from inference.models import fetch_model
+        from inference.settings import CacheSettings
+
+        args.model_dir = fetch_model("smollm2-135m", CacheSettings().cache).path
+    data = to_ipc(real_rows(args.model_dir, args.rows, args.seq_len))
+    warm = to_ipc(real_rows(args.model_dir, 2, 32))
+    with tempfile.TemporaryDirectory(prefix="floe-bench-learner-real-") as tmp:
+        settings = LearnerSettings(
+            model_dir=args.model_dir, checkpoint_dir=Path(tmp), lr=1e-6, kl_coef=0.0 if args.no_kl else 0.001,
+            micro_batch_tokens=args.rows * args.seq_len, max_seq_len=args.seq_len, device="cpu",
+            gradient_checkpointing=args.grad_ckpt, bf16=args.bf16, max_staleness=None,
+        )  # fmt: skip
+        t0 = time.perf_counter()
+        learner = Learner(settings)
+        load_s = time.perf_counter() - t0
+        learner.step("warmup", warm)  # allocates the AdamW state: part of the steady state, not of a step
+        rss_loaded = _proc_status_kib("VmRSS")
+        Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS (Linux >= 4.0)
+        times, cpu_times, tokens = [], [], 0.0
+        for i in range(args.steps):
+            t, c = time.perf_counter(), time.process_time()
+            res = learner.step(f"b{i}", data)
+            times.append(time.perf_counter() - t)
+            cpu_times.append(time.process_time() - c)
+            tokens += res.metrics["tokens_total"]
+            assert res.metrics["finite"] == 1.0, res.metrics
+        peak = _proc_status_kib("VmHWM")
+        t = time.perf_counter()
+        path = learner.save()
+        save_s = time.perf_counter() - t
+        assert path is not None
+        weights = sum(p.stat().st_size for p in path.glob("*.safetensors"))
+        optim = (path / "optimizer.pt").stat().st_size
+    n_params = sum(p.numel() for p in learner.model.parameters())
+    rows = [
+        ("load average (1 min) at the end", f"{os.getloadavg()[0]:.1f}"),
+        ("model", f"{args.model_dir} ({n_params / 1e6:.1f} M params)"),
+        ("batch", f"{args.rows} rows x {args.seq_len} tokens (half trainable), one micro-batch"),
+        ("dtype / grad ckpt / KL ref", f"{'bf16 autocast' if learner.bf16 else 'fp32'} / {args.grad_ckpt} / "
+                                       f"{not args.no_kl}"),
+        ("CPU threads", f"{torch.get_num_threads()}"),
+        ("load (policy + reference)", f"{load_s:.1f} s"),
+        ("RSS after load + warm-up", f"{rss_loaded / 2**20:.2f} GiB"),
+        ("peak RSS during steps", f"{peak / 2**20:.2f} GiB"),
+        ("step time (mean of measured)", f"{statistics.mean(times):.1f} s ({len(times)} step(s))"),
+        # On a shared machine wall-clock depends on the neighbours; CPU seconds / threads is what an idle one takes.
+        ("step CPU time / threads", f"{statistics.mean(cpu_times) / torch.get_num_threads():.1f} s"),
+        ("tokens/s (fwd+bwd, all tokens)", f"{tokens / sum(times):,.0f}"),
+        ("checkpoint write", f"{save_s:.1f} s: weights {weights / 2**20:.0f} MiB + optimizer {optim / 2**20:.0f} MiB"),
+    ]  # fmt: skip
+    width = max(len(k) for k, _ in rows)
+    print()
+    for k, v in rows:
+        print(f"{k:<{width}}  {v}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--groups", type=int, default=4)
@@ -158,9 +265,20 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4, help="with --recordings: model depth")
     parser.add_argument("--micro-batch-tokens", type=int, default=32768, help="with --recordings")
     parser.add_argument("--max-seq-len", type=int, default=65536, help="with --recordings")
+    parser.add_argument("--real-model", action="store_true", help="train SmolLM2-135M (or --model-dir) instead")
+    parser.add_argument("--model-dir", type=Path, default=None, help="with --real-model: an HF causal LM directory")
+    parser.add_argument("--rows", type=int, default=8, help="with --real-model")
+    parser.add_argument("--seq-len", type=int, default=256, help="with --real-model")
+    parser.add_argument("--grad-ckpt", action="store_true", help="with --real-model: gradient checkpointing")
+    parser.add_argument("--no-kl", action="store_true", help="with --real-model: no KL reference forward")
+    parser.add_argument("--bf16", action="store_true", help="with --real-model: bf16 autocast on the CPU")
     args = parser.parse_args()
     configure_logging("bench-learner", level="WARNING")
     torch.set_num_threads(args.threads)
+    if args.real_model:
+        args.steps = args.steps or 1
+        run_real(args)
+        return
     if args.recordings:
         args.steps = args.steps or 1
         if args.quick:

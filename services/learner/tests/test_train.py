@@ -13,10 +13,10 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from contracts import to_ipc
-from learner import LearnerSettings, train_files
-from learner.checkpoint import latest_checkpoint, list_checkpoints, read_state
+from learner import BatchError, CheckpointMismatchError, Learner, LearnerSettings, train_files
+from learner.checkpoint import check_compatible, latest_checkpoint, list_checkpoints, read_state
 
-from .synthetic import per_request_rows, prefix_merging_rows, synthetic_sessions
+from .synthetic import per_request_rows, prefix_merging_rows, save_tiny_model, synthetic_sessions
 
 
 def write_batches(tmp_path, n=3, builder=per_request_rows, seed=0, version=0, prefix="batch"):
@@ -163,3 +163,29 @@ def test_several_optimizer_steps_per_batch_engage_the_clip(tiny_model_dir, tmp_p
     assert res.metrics["finite"] == 1.0
     state = json.loads((res.checkpoint / "learner_state.json").read_text())
     assert state["step"] == 1
+
+
+def test_a_checkpoint_with_other_shapes_is_refused_naming_both(tiny_model_dir, tmp_path):
+    check_compatible(tiny_model_dir, tiny_model_dir)
+    wider = save_tiny_model(tmp_path / "wider", hidden_size=48)  # same architecture, other shapes
+    with pytest.raises(CheckpointMismatchError, match=r"hidden_size: 48 \(checkpoint\) vs 32 \(base model\)") as err:
+        check_compatible(tiny_model_dir, wider)
+    assert str(tiny_model_dir) in str(err.value) and str(wider) in str(err.value)
+    with pytest.raises(CheckpointMismatchError, match="unreadable model config"):
+        check_compatible(tiny_model_dir, tmp_path / "nowhere")
+
+
+def test_a_batch_from_another_tokenizer_is_refused(tiny_model_dir, tmp_path):
+    learner = Learner(settings(tiny_model_dir, tmp_path / "ckpt"))
+    rows = per_request_rows(synthetic_sessions(1, 2, 1, random.Random(0), vocab_size=100))  # the model has 64 ids
+    with pytest.raises(BatchError, match=r"outside the vocabulary .* \(ids 0\.\.63\)"):
+        learner.step("foreign", to_ipc(rows))
+    assert learner.version == 0 and not learner.already_applied("foreign")
+
+
+def test_bf16_is_off_on_a_cpu_unless_asked(tiny_model_dir, tmp_path):
+    assert not Learner(settings(tiny_model_dir, tmp_path / "a")).bf16
+    learner = Learner(settings(tiny_model_dir, tmp_path / "b", bf16=True))
+    assert learner.bf16 and {p.dtype for p in learner.model.parameters()} == {torch.float32}  # master weights
+    (res,) = [learner.step("b", to_ipc(per_request_rows(synthetic_sessions(1, 2, 1, random.Random(0)))))]
+    assert res.applied and res.metrics["finite"] == 1.0

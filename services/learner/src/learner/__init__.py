@@ -4,7 +4,7 @@
 ``learner.data`` the Arrow -> tensor path, ``learner.checkpoint`` the on-disk format shared with inference.
 """
 
-from learner.checkpoint import LearnerState
+from learner.checkpoint import CheckpointMismatchError, LearnerState
 from learner.data import BatchError
 from learner.grpo import LossConfig, policy_loss, staleness_filter, token_weights
 from learner.settings import LearnerSettings
@@ -12,6 +12,7 @@ from learner.train import Learner, StepResult, serve, train_files
 
 __all__ = [
     "BatchError",
+    "CheckpointMismatchError",
     "Learner",
     "LearnerSettings",
     "LearnerState",

@@ -2,9 +2,12 @@
 
 Layout of ``<root>/v<version:08d>/``:
 
-- ``model.safetensors`` (+ index if sharded) and ``config.json``: loadable by
-  ``AutoModelForCausalLM.from_pretrained(dir)``; tokenizer and generation files are copied from the base model
-  directory, so ``AutoTokenizer.from_pretrained(dir)`` works too (this directory is the ``WeightsPublished.uri``);
+- ``model.safetensors`` (+ index if sharded) and ``config.json``: a plain Hugging Face checkpoint, loadable by
+  ``AutoModelForCausalLM.from_pretrained(dir)``, by our CPU engine and by vLLM's ``reload_weights`` with
+  ``weights_path=dir`` (this directory is the ``WeightsPublished.uri``). Tied embeddings are stored once, under the
+  input embedding's name, as ``save_pretrained`` writes them and both engines expect;
+- the tokenizer, chat template and generation files of the base model (``TOKENIZER_FILES``), copied, so
+  ``AutoTokenizer.from_pretrained(dir)`` and the engines' chat templating see exactly the base model's;
 - ``optimizer.pt``: the full AdamW state keyed by parameter name (``torch.distributed.checkpoint.state_dict``
   format), so a restart continues the optimisation exactly;
 - ``floe.json``: ``{"version": N, ...}``, the version marker inference engines read;
@@ -15,7 +18,15 @@ Atomicity: everything is written into ``<root>/.tmp-v<version>-<pid>`` and fsync
 (rename is atomic on POSIX). A reader therefore sees a complete version or none; leftover temp directories of a
 killed writer are removed on the next start.
 
-Limits: weights are saved in fp32 (the master copy), which doubles disk and load time versus bf16 for inference.
+Only ``*.safetensors`` files at the top level are weights: vLLM's loader reads every one it finds there, so nothing
+else (an adapter, an extra shard) may be written next to them.
+
+Compatibility: ``check_compatible`` refuses a checkpoint whose architecture or tensor shapes differ from the base
+model's (``CheckpointMismatchError``, naming both directories and each differing field), before any weights are read:
+resuming a checkpoint dir left by another model must not train a mix of two models or fail deep inside torch.
+
+Limits: weights are saved in fp32 (the master copy), which doubles disk and load time versus bf16 for inference
+(SmolLM2-135M: 513 MiB of weights + 1 GiB of AdamW state per version).
 """
 
 from __future__ import annotations
@@ -31,7 +42,16 @@ import structlog
 import torch
 from torch import nn
 
-__all__ = ["LearnerState", "latest_checkpoint", "list_checkpoints", "prune", "read_state", "save_checkpoint"]
+__all__ = [
+    "CheckpointMismatchError",
+    "LearnerState",
+    "check_compatible",
+    "latest_checkpoint",
+    "list_checkpoints",
+    "prune",
+    "read_state",
+    "save_checkpoint",
+]
 
 log = structlog.get_logger()
 
@@ -39,8 +59,39 @@ STATE_FILE = "learner_state.json"
 OPTIMIZER_FILE = "optimizer.pt"
 # The weight version as the inference engines read it when no WeightsPublished names it (shared layout).
 VERSION_FILE = "floe.json"
-_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".index.json")
-_SKIP_FILES = {"config.json", STATE_FILE, VERSION_FILE}
+# What travels from the base model into every version, by name pattern: an allow-list, because a base model directory
+# can hold files that must not be copied (the model cache's manifest, whose hashes would then lie; READMEs; weights).
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "tokenizer.model",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "chat_template.jinja",
+    "chat_template.json",
+    "generation_config.json",
+)
+# config.json fields that decide the architecture and every tensor shape; a checkpoint must match the base model on
+# all of them. Fields a model type lacks compare as None on both sides.
+ARCHITECTURE_FIELDS = (
+    "architectures",
+    "model_type",
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "tie_word_embeddings",
+)
+
+
+class CheckpointMismatchError(ValueError):
+    """A checkpoint's architecture or shapes differ from the base model's; the message names both and the fields."""
 
 
 @dataclass
@@ -90,6 +141,31 @@ def latest_checkpoint(root: Path) -> Path | None:
 
 def read_state(path: Path) -> LearnerState:
     return LearnerState.from_json((path / STATE_FILE).read_text())
+
+
+def architecture(model_dir: Path) -> dict[str, Any]:
+    """The ``ARCHITECTURE_FIELDS`` of ``model_dir/config.json``."""
+    config_path = model_dir / "config.json"
+    try:
+        config = json.loads(config_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise CheckpointMismatchError(f"{config_path}: unreadable model config ({exc})") from exc
+    return {name: config.get(name) for name in ARCHITECTURE_FIELDS}
+
+
+def check_compatible(base_model_dir: Path, checkpoint: Path) -> None:
+    """Raise ``CheckpointMismatchError`` unless ``checkpoint`` has the base model's architecture and shapes."""
+    base, other = architecture(base_model_dir), architecture(checkpoint)
+    diffs = [
+        f"{k}: {other[k]!r} (checkpoint) vs {base[k]!r} (base model)"
+        for k in ARCHITECTURE_FIELDS
+        if base[k] != other[k]
+    ]
+    if diffs:
+        raise CheckpointMismatchError(
+            f"checkpoint {checkpoint} does not match the base model {base_model_dir}: {'; '.join(diffs)}. "
+            "It was written for another model: point the checkpoint dir elsewhere, or the model dir at its base model"
+        )
 
 
 def clean_temp(root: Path) -> None:
@@ -144,13 +220,10 @@ def prune(root: Path, keep: int) -> list[Path]:
 
 
 def _copy_tokenizer_files(src: Path, dst: Path) -> None:
-    if not src.is_dir():
-        return
-    for p in src.iterdir():
-        if not p.is_file() or p.name in _SKIP_FILES or p.name.endswith(_WEIGHT_SUFFIXES):
-            continue
-        if not (dst / p.name).exists():
-            shutil.copy2(p, dst / p.name)
+    for name in TOKENIZER_FILES:
+        # save_pretrained may have written one already (generation_config.json): the model's own copy wins.
+        if (src / name).is_file() and not (dst / name).exists():
+            shutil.copy2(src / name, dst / name)
 
 
 def _fsync_tree(path: Path) -> None:

@@ -53,7 +53,9 @@ class LearnerSettings(BaseSettings):
     micro_batch_tokens: int = Field(default=8192, gt=0, description="padded tokens per micro-batch")
     max_seq_len: int = Field(default=32768, gt=1)
     device: str = Field(default="auto", description="auto | cpu | cuda")
-    bf16: bool | None = Field(default=None, description="bf16 compute; default: on for CUDA, off on CPU")
+    bf16: bool | None = Field(
+        default=None, description="bf16 compute (weights and optimizer stay fp32); default: on for CUDA, off on CPU"
+    )
     gradient_checkpointing: bool | None = Field(default=None, description="default: on for CUDA, off on CPU")
     strategy: Literal["ddp", "fsdp"] = "ddp"
     seed: int = 0

@@ -100,12 +100,15 @@ class Learner:
             ckpt.clean_temp(s.checkpoint_dir)
         barrier(info)
         resume = ckpt.latest_checkpoint(s.checkpoint_dir)
+        if resume is not None:
+            ckpt.check_compatible(s.model_dir, resume)  # before loading: a clear error, not a shape error in torch
         self.state = ckpt.read_state(resume) if resume else ckpt.LearnerState(base_model=str(s.model_dir))
         self._applied = set(self.state.applied_batches)
         self.last_checkpoint = resume
 
         model = load_causal_lm(resume or s.model_dir, info.device, gradient_checkpointing=grad_ckpt)
         model.train()
+        self.vocab_size = int(model.get_input_embeddings().num_embeddings)  # type: ignore[operator]
         self.model = wrap_model(model, info, s.strategy, self.bf16)
         self.ref: nn.Module | None = None
         if s.kl_coef > 0:
@@ -151,6 +154,13 @@ class Learner:
 
         # 1. Data: decode, drop stale tokens, global aggregation weights, this rank's micro-batches.
         seqs = decode_sequences(payload, batch_id)
+        if seqs.tokens.numel() and not 0 <= int(seqs.tokens.min()) <= int(seqs.tokens.max()) < self.vocab_size:
+            # Ids from another tokenizer: refuse the batch (it is dead-lettered) instead of an index error in torch.
+            bad = int(seqs.tokens.max()) if int(seqs.tokens.min()) >= 0 else int(seqs.tokens.min())
+            raise BatchError(
+                f"batch {batch_id}: token id {bad} is outside the vocabulary of {s.model_dir} "
+                f"(ids 0..{self.vocab_size - 1}); the batch was tokenized for another model"
+            )
         batch = prepare(seqs, self.version, s.max_staleness, s.loss_agg, s.max_seq_len)
         if not batch.rows:
             # Nothing trainable (all stale / masked): no update, no new version. Deterministic, so a redelivery
