@@ -47,6 +47,8 @@ args=(
   # Sampling defaults must be the API's (temperature 1, top_p 1), not the checkpoint's generation_config.json.
   --generation-config vllm
   --enable-prefix-caching
+  # vLLM 0.32's CPU build does not re-pack a tied lm_head on reload_weights; this (from $HERE) does. A no-op on GPUs.
+  --worker-extension-cls floe_cpu_reload.FloeCpuReload
 )
 [[ "$REASONING_PARSER" == none ]] || args+=(--reasoning-parser "$REASONING_PARSER")
 
@@ -94,4 +96,5 @@ fi
 # Dev mode exposes /pause, /resume, /collective_rpc and /reset_prefix_cache, which the weight reload uses.
 # Keep this port on a private network: those endpoints are administrative.
 export VLLM_SERVER_DEV_MODE="${VLLM_SERVER_DEV_MODE:-1}"
+export PYTHONPATH="$HERE${PYTHONPATH:+:$PYTHONPATH}"   # floe_cpu_reload.py, for --worker-extension-cls
 exec "$VLLM" "${args[@]}"
