@@ -1,9 +1,17 @@
-"""Build the demo's toy task set: ``floe_tasks/toy/tasks.jsonl`` + ``floe_tasks/toy/repos/floe__toy.bundle``.
+"""Build the demo's answer task sets: ``toy`` (``floe_tasks/toy/``) and ``count`` / ``count-heldout``
+(``floe_tasks/count/``), each a JSONL next to ``repos/floe__toy.bundle``.
 
-Each task is a one-digit arithmetic question graded by the scorer's ``answer`` evaluator with partial credit for
-replying in digits (see ``scorer.evaluators.answer.score_answer``), so a tiny randomly initialised model has a dense
-enough reward to learn from within minutes on a CPU. The repository is a one-file placeholder: the toy agent only writes
-``answer.txt``. Deterministic: the same script gives the same bundle bytes (fixed author, dates and content).
+- ``toy`` (``floe demo --model tiny``): one-digit sums graded with partial credit for replying in digits (see
+  ``scorer.evaluators.answer.score_answer``), so a tiny randomly initialised model has a dense enough reward to learn
+  from within minutes on a CPU.
+- ``count`` (the default demo, SmolLM2-135M-Instruct): "What number comes after / before N?" for two-digit N, graded
+  exactly (``first_number``: the first integer of the reply must be the answer; 1 or 0, no format credit). The numbers
+  are split once, at random with a fixed seed: ``heldout.jsonl`` holds 20 numbers (40 tasks) never trained on,
+  ``train.jsonl`` the other 68 (136 tasks). The untrained model mostly answers in prose (about 1-5 % solved at
+  temperature 1); a constant answer can solve at most 2 of the 40 held-out tasks (5 %).
+
+The repository is a one-file placeholder: the toy agent only writes ``answer.txt``. Deterministic: the same script
+gives the same bytes (fixed author, dates, content and split seed).
 
 Run: python libs/tasks/tools/build_toy.py
 """
@@ -12,11 +20,16 @@ from __future__ import annotations
 
 import json
 import os
+import random
+import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parents[1] / "src" / "floe_tasks" / "toy"
+PACKAGE = Path(__file__).resolve().parents[1] / "src" / "floe_tasks"
+OUT = PACKAGE / "toy"
+COUNT_OUT = PACKAGE / "count"
+HELDOUT_NUMBERS = 20
 REPO = "floe/toy"
 ENV = {
     **os.environ,
@@ -62,8 +75,40 @@ def main() -> None:
                     "version": "1",
                 }
             )
-    (OUT / "tasks.jsonl").write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
+    (OUT / "tasks.jsonl").write_text(_jsonl(rows))
     print(f"wrote {len(rows)} toy tasks to {OUT}")
+    build_count(base, bundle)
+
+
+def _jsonl(rows: list[dict[str, str]]) -> str:
+    return "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows)
+
+
+def _count_task(n: int, kind: str, base: str) -> dict[str, str]:
+    word, answer = ("after", n + 1) if kind == "next" else ("before", n - 1)
+    return {
+        "instance_id": f"floe__count-{kind}-{n}",
+        "repo": REPO,
+        "base_commit": base,
+        "problem_statement": f"What number comes {word} {n}? Reply with the number only.",
+        "evaluator": "answer",
+        "answer": str(answer),
+        "answer_credit": "first_number",
+        "created_at": "2026-01-01T00:00:00Z",
+        "version": "1",
+    }
+
+
+def build_count(base: str, bundle: Path) -> None:
+    numbers = list(range(11, 99))  # n - 1 and n + 1 stay two-digit
+    random.Random(20261201).shuffle(numbers)
+    heldout, train = sorted(numbers[:HELDOUT_NUMBERS]), sorted(numbers[HELDOUT_NUMBERS:])
+    (COUNT_OUT / "repos").mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(bundle, COUNT_OUT / "repos" / bundle.name)
+    for name, nums in (("train", train), ("heldout", heldout)):
+        rows = [_count_task(n, kind, base) for n in nums for kind in ("next", "prev")]
+        (COUNT_OUT / f"{name}.jsonl").write_text(_jsonl(rows))
+        print(f"wrote {len(rows)} count tasks to {COUNT_OUT / name}.jsonl")
 
 
 if __name__ == "__main__":

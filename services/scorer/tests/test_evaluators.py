@@ -82,6 +82,36 @@ def test_digit_credit_is_dense_and_exact_answer_wins() -> None:
     assert score_answer(exact, answer_patch("7"))[:2] == (0.0, False)
 
 
+def test_first_number_credit_is_exact_on_the_first_integer_only() -> None:
+    task = TaskSet.from_source("count-heldout").get("floe__count-next-47")
+    assert task.answer == "48" and task.answer_credit == "first_number"
+    assert score_answer(task, answer_patch("48"))[:2] == (1.0, True)
+    assert score_answer(task, answer_patch("48, also known as forty-eight"))[:2] == (1.0, True)
+    assert score_answer(task, answer_patch("+48."))[:2] == (1.0, True)
+    # The answer must come first: prose that restates the question first earns nothing, and there is no format credit.
+    assert score_answer(task, answer_patch("The number after 47 is 48"))[:3] == (
+        0.0,
+        False,
+        "first number does not match",
+    )
+    assert score_answer(task, answer_patch("49"))[:2] == (0.0, False)
+    assert score_answer(task, answer_patch("forty-eight"))[:3] == (0.0, False, "the answer holds no number")
+    assert score_answer(task, "")[:2] == (0.0, False)
+
+
+def test_count_sets_hold_out_numbers_never_trained_on() -> None:
+    train, heldout = TaskSet.from_source("count"), TaskSet.from_source("count-heldout")
+
+    def numbers(ts: TaskSet) -> set[int]:
+        return {int(t.instance_id.rsplit("-", 1)[1]) for t in ts}
+
+    assert len(list(heldout)) == 40 and len(list(train)) == 136
+    assert not numbers(train) & numbers(heldout)
+    # The best a prompt-agnostic (constant) answer can do on the held-out set: the demo reports against it.
+    answers = [t.answer for t in heldout]
+    assert max(answers.count(a) for a in set(answers)) <= 2
+
+
 def test_answer_tasks_grade_without_the_sandbox(bare_grader: Grader) -> None:
     task = TaskSet.from_source("toy").get("floe__toy-add-2-3")
     right = bare_grader.grade(task, answer_patch("5"))

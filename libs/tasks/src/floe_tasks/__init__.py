@@ -7,11 +7,12 @@ validate`` (or ``floe tasks validate``) checks a task set.
 
 from floe_tasks.errors import MaterializeError, TaskError, TaskNotFound, TaskSetError
 from floe_tasks.task import DEFAULT_TEST_CMD, Task, patch_files
-from floe_tasks.taskset import BUNDLED_DIR, NAMED_SETS, TOY_DIR, TaskSet
+from floe_tasks.taskset import BUNDLED_DIR, COUNT_DIR, NAMED_SETS, TOY_DIR, TaskSet
 
 __all__ = [
     "BUNDLED_DIR",
     "DEFAULT_TEST_CMD",
+    "COUNT_DIR",
     "NAMED_SETS",
     "TOY_DIR",
     "MaterializeError",

@@ -79,7 +79,8 @@ class Task(BaseModel):
     test_cmd: str = DEFAULT_TEST_CMD
     prepare: list[str] = Field(default_factory=list, description="shell commands run in the testbed before tests")
     answer: str | None = None
-    answer_credit: Literal["exact", "digits"] = "exact"
+    # exact: the whole answer; first_number: the first integer in it (still 1 or 0); digits: partial credit (toy)
+    answer_credit: Literal["exact", "first_number", "digits"] = "exact"
     # SWE-bench v5 columns we carry when present (the docker backend uses ``image``)
     image: str | None = None
     log_parser: str = "parse_log_pytest"

@@ -1,6 +1,7 @@
 """A task set: an ordered collection of ``Task`` s loaded from JSONL, with a content digest.
 
-``TaskSet.from_source(name_or_path)`` resolves a ``task_source`` (``bundled``, ``toy`` or a JSONL path).
+``TaskSet.from_source(name_or_path)`` resolves a ``task_source`` (a shipped set's name — ``bundled``, ``toy``,
+``count``, ``count-heldout`` — or a JSONL path).
 ``TaskSet.bundled()`` is floe's own set (package data: ``bundled/tasks.jsonl`` + ``bundled/repos/<id>.bundle``).
 ``TaskSet.from_jsonl(path)`` reads any JSONL of SWE-bench-format instances; snapshots are looked up in
 ``repos_dir`` (default: ``<jsonl dir>/repos``) as ``<instance_id>.bundle`` or ``<owner>__<name>.bundle``.
@@ -21,12 +22,20 @@ from pydantic import ValidationError
 from floe_tasks.errors import TaskNotFound, TaskSetError
 from floe_tasks.task import Task
 
-__all__ = ["BUNDLED_DIR", "NAMED_SETS", "TOY_DIR", "TaskSet"]
+__all__ = ["BUNDLED_DIR", "COUNT_DIR", "NAMED_SETS", "TOY_DIR", "TaskSet"]
 
 BUNDLED_DIR = Path(__file__).parent / "bundled"
 TOY_DIR = Path(__file__).parent / "toy"
-# Task sets shipped inside the package, by the name a ``SessionRequested.task_source`` may use.
-NAMED_SETS = {"bundled": BUNDLED_DIR, "toy": TOY_DIR}
+COUNT_DIR = Path(__file__).parent / "count"
+# Task sets shipped inside the package, by the name a ``SessionRequested.task_source`` may use -> their JSONL file
+# (snapshots in ``repos/`` next to it). ``count`` / ``count-heldout`` are the real-model demo's training and held-out
+# sets (libs/tasks/tools/build_toy.py): disjoint numbers, so the held-out solve rate is never trained on.
+NAMED_SETS = {
+    "bundled": BUNDLED_DIR / "tasks.jsonl",
+    "toy": TOY_DIR / "tasks.jsonl",
+    "count": COUNT_DIR / "train.jsonl",
+    "count-heldout": COUNT_DIR / "heldout.jsonl",
+}
 
 
 class TaskSet:
@@ -49,10 +58,10 @@ class TaskSet:
     @classmethod
     @functools.cache
     def from_source(cls, source: str) -> TaskSet:
-        """Resolve a ``task_source`` as every service does: a shipped set's name (``bundled``, ``toy``) or the path
+        """Resolve a ``task_source`` as every service does: a shipped set's name (``NAMED_SETS``) or the path
         of a SWE-bench-format JSONL. Cached per source: task sets are immutable."""
         if source in NAMED_SETS:
-            return cls.from_jsonl(NAMED_SETS[source] / "tasks.jsonl", name=source)
+            return cls.from_jsonl(NAMED_SETS[source], name=source)
         return cls.from_jsonl(source)
 
     @classmethod

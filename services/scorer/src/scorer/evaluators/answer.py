@@ -1,8 +1,10 @@
 """The ``answer`` evaluator: a toy verifiable task graded without running any code.
 
 The agent writes its answer to ``answer.txt`` at the workspace root; the diff's new content of that file is compared
-with ``Task.answer`` (whitespace-trimmed, case-sensitive). ``Task.answer_credit`` picks the reward: ``exact`` (1 or 0)
-or ``digits`` (the demo's toy tasks: partial credit for answering in digits, see ``score_answer``). No sandbox, no
+with ``Task.answer`` (whitespace-trimmed, case-sensitive). ``Task.answer_credit`` picks the reward: ``exact`` (1 or 0
+on the whole answer), ``first_number`` (1 or 0 on the first integer in the answer: the real-model demo's ``count``
+tasks, where "48, the number after 47" is right and "The number after 47 is 48" is not) or ``digits`` (the tiny
+model's toy tasks: partial credit for answering in digits, see ``score_answer``). No sandbox, no
 tests: ``apply_status`` is ``not applicable``.
 
 Validation: the task carries an ``answer``, its workspace materializes; then the gold diff (``patch``, else the diff
@@ -11,6 +13,8 @@ that writes the answer) resolves and the empty diff does not.
 
 from __future__ import annotations
 
+import re
+
 from contracts import Outcome
 from floe_tasks import Task
 from scorer.evaluators.base import EvalRunner, GradeResult, materialize_problems
@@ -18,6 +22,7 @@ from scorer.evaluators.base import EvalRunner, GradeResult, materialize_problems
 __all__ = ["ANSWER_FILE", "AnswerEvaluator", "answer_from_diff", "answer_patch", "grade_answer", "score_answer"]
 
 ANSWER_FILE = "answer.txt"
+_INTEGER = re.compile(r"[-+]?\d+")
 
 
 def answer_from_diff(diff: str, filename: str = ANSWER_FILE) -> str | None:
@@ -62,6 +67,13 @@ def grade_answer(task: Task, diff: str) -> tuple[bool, str]:
     given = answer_from_diff(diff)
     if given is None:
         return False, f"the diff does not write {ANSWER_FILE}"
+    if task.answer_credit == "first_number":
+        found = _INTEGER.search(given)
+        if found is None:
+            return False, "the answer holds no number"
+        if int(found.group(0)) == int(task.answer.strip()):
+            return True, "first number matches"
+        return False, "first number does not match"
     if given.strip() == task.answer.strip():
         return True, "answer matches"
     return False, "answer does not match"
@@ -70,12 +82,12 @@ def grade_answer(task: Task, diff: str) -> tuple[bool, str]:
 def score_answer(task: Task, diff: str) -> tuple[float, bool, str]:
     """Reward of an ``answer`` task: (reward, correct, reason).
 
-    ``answer_credit="exact"``: 1 if correct, else 0. ``"digits"`` (the demo's toy tasks) adds partial credit so a tiny
+    ``answer_credit="exact"`` / ``"first_number"``: 1 if correct, else 0. ``"digits"`` (the demo's toy tasks) adds partial credit so a tiny
     random model has a dense enough signal: a wrong answer earns 0.5 x the fraction of its characters that are digits
     (an empty answer earns 0). A correct answer always earns 1.
     """
     correct, reason = grade_answer(task, diff)
-    if correct or task.answer_credit == "exact":
+    if correct or task.answer_credit != "digits":
         return (1.0 if correct else 0.0), correct, reason
     given = (answer_from_diff(diff) or "").strip()
     if not given:
@@ -94,6 +106,8 @@ class AnswerEvaluator:
         problems: list[str] = []
         if task.answer is None:
             problems.append("answer task without 'answer'")
+        elif task.answer_credit == "first_number" and not re.fullmatch(r"[-+]?\d+", task.answer.strip()):
+            problems.append(f"first_number task whose answer {task.answer!r} is not an integer")
         return problems + materialize_problems(task)
 
     def checks(self, task: Task) -> dict[str, str]:
