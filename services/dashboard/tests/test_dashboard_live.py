@@ -22,11 +22,16 @@ from contracts import (
     MODEL_CALLS,
     REWARDS,
     SESSIONS_FINISHED,
+    SESSIONS_REQUESTED,
     SESSIONS_STATE,
     TRAJECTORY_BATCHES,
     WEIGHTS,
     ModelCallRecorded,
+    Outcome,
     Protocol,
+    RewardPublished,
+    SessionKind,
+    SessionRequested,
     SessionState,
     SessionStateChanged,
     TokenizationMode,
@@ -80,7 +85,16 @@ def _row(sid: str, step_reward: float) -> TrajectoryRow:
 @pytest.fixture
 def topics(topic_factory: Callable[[Topic[Any]], Topic[Any]]) -> tuple[Topic[Any], ...]:
     return tuple(
-        topic_factory(t) for t in (SESSIONS_STATE, SESSIONS_FINISHED, MODEL_CALLS, REWARDS, TRAJECTORY_BATCHES, WEIGHTS)
+        topic_factory(t)
+        for t in (
+            SESSIONS_STATE,
+            SESSIONS_FINISHED,
+            MODEL_CALLS,
+            REWARDS,
+            TRAJECTORY_BATCHES,
+            WEIGHTS,
+            SESSIONS_REQUESTED,
+        )
     )
 
 
@@ -101,8 +115,35 @@ def server(kafka_settings: KafkaSettings, topics: tuple[Topic[Any], ...]) -> Ite
 
 
 async def _publish(kafka: KafkaSettings, topics: tuple[Topic[Any], ...]) -> None:
-    state_t, _, calls_t, _, batches_t, weights_t = topics
+    state_t, _, calls_t, rewards_t, batches_t, weights_t, requested_t = topics
     async with Producer(kafka) as producer:
+        # Two eval rounds of two sessions each: solved 1 of 2, then 2 of 2.
+        for rnd, solved in [(0, [True, False]), (1, [True, True])]:
+            for i, ok in enumerate(solved):
+                sid = f"eval-{rnd}-{i}"
+                meta = {"run": "heldout", "eval_round": str(rnd), "eval_at_version": str(2 * rnd)}
+                await producer.send(
+                    requested_t,
+                    SessionRequested(
+                        session_id=sid,
+                        group_id=f"eval-{rnd}",
+                        task_id="e",
+                        harness="toy",
+                        kind=SessionKind.EVAL,
+                        metadata=meta,
+                    ),
+                )
+                await producer.send(
+                    rewards_t,
+                    RewardPublished(
+                        session_id=sid,
+                        group_id=f"eval-{rnd}",
+                        task_id="e",
+                        reward=float(ok),
+                        outcome=Outcome.RESOLVED if ok else Outcome.UNRESOLVED,
+                        resolved=ok,
+                    ),
+                )
         for i in range(3):
             sid = f"s{i}"
             await producer.send(
@@ -148,6 +189,7 @@ async def _publish(kafka: KafkaSettings, topics: tuple[Topic[Any], ...]) -> None
                     max_weight_version=0,
                     size_bytes=len(ipc),
                     arrow_ipc=ipc,
+                    metrics={"groups.dropped_zero_signal": 1.0, "groups.dropped_zero_signal_total": step + 1.0},
                 ),
             )
             await producer.send(
@@ -163,15 +205,23 @@ async def _publish(kafka: KafkaSettings, topics: tuple[Topic[Any], ...]) -> None
 
 def test_dashboard_shows_a_live_run(server: str, kafka_settings: KafkaSettings, topics: tuple[Topic[Any], ...]) -> None:
     asyncio.run(_publish(kafka_settings, topics))
+
+    def settled(s: dict[str, Any]) -> bool:
+        # Every topic is consumed on its own: wait until each one's last event is in, not just the batches'.
+        scored = [r["scored"] for r in s["eval_rounds"]]
+        return len(s["reward_per_step"]) == 3 and s["weight_version"] == 3 and scored == [2, 2]
+
     deadline = time.monotonic() + 30
     state = _get(f"{server}/api/state")
-    while len(state["reward_per_step"]) < 3 and time.monotonic() < deadline:
+    while not settled(state) and time.monotonic() < deadline:
         time.sleep(0.2)
         state = _get(f"{server}/api/state")
     assert [round(p["reward_mean"], 3) for p in state["reward_per_step"]] == [0.1, 0.4, 0.8]
     assert state["weight_version"] == 3
     assert state["sessions_by_state"]["PREPARING"] == 3
     assert state["harness"]["toy"]["trainable_fraction"] == pytest.approx(1 / 3)
+    assert [(r["round"], r["solved_fraction"]) for r in state["eval_rounds"]] == [(0, 0.5), (1, 1.0)]
+    assert state["selection"]["groups_dropped_zero_signal"] == 3
 
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     assert chromium, "headless Chromium is required (make test-deps installs Debian's chromium)"
@@ -201,6 +251,8 @@ def test_dashboard_shows_a_live_run(server: str, kafka_settings: KafkaSettings, 
     assert 'data-loaded="1"' in dom, "the page never loaded its state"
     assert re.search(r'<canvas id="reward"[^>]*data-points="3"', dom), "the reward plot did not render the 3 steps"
     assert 'id="version">3<' in dom
+    assert re.search(r'<canvas id="eval"[^>]*data-points="2"', dom), "the eval plot did not render the 2 rounds"
+    assert 'id="dropped">3<' in dom and "<td>heldout</td><td>1</td><td>2</td><td>2 / 2</td>" in dom
     subprocess.run(
         [chromium, *flags, "--virtual-time-budget=4000", f"--screenshot={shot}", server],
         capture_output=True,

@@ -7,6 +7,8 @@ from contracts import (
     Outcome,
     Protocol,
     RewardPublished,
+    SessionKind,
+    SessionRequested,
     SessionState,
     SessionStateChanged,
     TokenizationMode,
@@ -124,3 +126,71 @@ def test_memory_is_bounded() -> None:
     snap = st.snapshot(recent=100)
     assert len(snap["recent_sessions"]) == 5
     assert sum(snap["sessions_by_state"].values()) == 5
+
+
+def _request(sid: str, kind: SessionKind, **meta: str) -> SessionRequested:
+    return SessionRequested(session_id=sid, group_id="g", task_id="t", harness="h", kind=kind, metadata=meta)
+
+
+def _reward(sid: str, reward: float, outcome: Outcome = Outcome.RESOLVED) -> RewardPublished:
+    return RewardPublished(
+        session_id=sid, group_id="g", task_id="t", reward=reward, outcome=outcome, resolved=outcome is Outcome.RESOLVED
+    )
+
+
+def test_eval_rounds_join_requests_rewards_and_calls_in_any_order() -> None:
+    st = DashboardState(max_early=100)
+    st.apply(_reward("e0", 1.0))  # the reward and the call come before the request (topics in no order)
+    st.apply(_call("e0", 0, 0))
+    st.apply(_request("e0", SessionKind.EVAL, run="heldout", eval_round="0", eval_at_version="0"))
+    st.apply(_request("e1", SessionKind.EVAL, run="heldout", eval_round="0", eval_at_version="0"))
+    st.apply(_reward("e1", 0.0, Outcome.UNRESOLVED))
+    st.apply(_request("e2", SessionKind.EVAL, run="heldout", eval_round="1", eval_at_version="5"))
+    st.apply(_call("e2", 0, 5))
+    st.apply(_call("e2", 1, 6))
+    st.apply(_reward("e2", 1.0))
+    st.apply(_request("e3", SessionKind.EVAL, run="heldout", eval_round="1", eval_at_version="5"))
+    st.apply(_reward("e3", 0.0, Outcome.ERROR))  # infrastructure: not scored
+    st.apply(_request("e2", SessionKind.EVAL, run="heldout", eval_round="1", eval_at_version="5"))  # redelivered
+    st.apply(_request("t0", SessionKind.TRAIN))
+    st.apply(_reward("t0", 1.0))
+    rounds = st.snapshot()["eval_rounds"]
+    assert [(r["round"], r["at_version"], r["sessions"], r["scored"]) for r in rounds] == [(0, 0, 2, 2), (1, 5, 2, 1)]
+    assert (rounds[0]["mean_reward"], rounds[0]["solved_fraction"]) == (0.5, 0.5)
+    assert (rounds[0]["min_weight_version"], rounds[0]["max_weight_version"]) == (0, 0)
+    r1 = rounds[1]
+    assert (r1["solved_fraction"], r1["min_weight_version"], r1["max_weight_version"]) == (1.0, 5, 6)
+    assert "t0" not in st._early  # a known train session is not buffered
+
+    bounded = DashboardState(max_early=3)
+    for i in range(10):
+        bounded.apply(_reward(f"x{i}", 1.0))
+    assert len(bounded._early) == 3
+
+
+def test_dropped_groups_are_read_from_batch_metrics_once_per_batch() -> None:
+    def batch(bid: str, step: int, dropped: float, total: float, inline: bool) -> TrajectoryBatch:
+        ipc = to_ipc([_row("a", 0, 1, 1.0, "pi")]) if inline else None
+        return TrajectoryBatch(
+            batch_id=bid,
+            step=step,
+            num_rows=1,
+            num_groups=2,
+            num_sessions=1,
+            builder="prefix_merging",
+            min_weight_version=0,
+            max_weight_version=0,
+            size_bytes=0,
+            arrow_ipc=ipc,
+            uri=None if inline else "file:///claims/x.arrow",
+            sha256=None if inline else "0" * 64,
+            metrics={"groups.dropped_zero_signal": dropped, "groups.dropped_zero_signal_total": total},
+        )
+
+    st = DashboardState()
+    st.apply(batch("b0", 0, 2, 2, inline=True))
+    st.apply(batch("b0", 0, 2, 2, inline=True))  # redelivered
+    st.apply(batch("b1", 1, 1, 3, inline=False))  # claim-checked: its metrics still count
+    sel = st.snapshot()["selection"]
+    assert sel["groups_dropped_zero_signal"] == 3
+    assert sel["per_batch"] == [{"step": 0, "groups": 2, "dropped": 2}, {"step": 1, "groups": 2, "dropped": 1}]

@@ -26,7 +26,7 @@ def rollout_settings(tmp_path: Path, suffix: str) -> RolloutSettings:
         claim_url=str(tmp_path / "claims"),
         http_port=free_port(),
         tick_s=0.2,
-        drop_zero_signal_groups=False,
+        group_selection="off",
     )
 
 

@@ -138,7 +138,7 @@ async def test_kill_9_at_any_moment_neither_loses_nor_duplicates_a_batch(
         "FLOE_ROLLOUT_CLAIM_URL": rollout_settings.claim_url,
         "FLOE_ROLLOUT_HTTP_PORT": "0",
         "FLOE_ROLLOUT_TICK_S": "0.2",
-        "FLOE_ROLLOUT_DROP_ZERO_SIGNAL_GROUPS": "false",
+        "FLOE_ROLLOUT_GROUP_SELECTION": "off",
         "FLOE_ROLLOUT_INLINE_MAX_BYTES": str((sizes[0] + sizes[-1]) // 2),
     }
     mid_transaction_kills = 0

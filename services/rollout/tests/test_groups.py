@@ -4,6 +4,7 @@ import random
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from prometheus_client import generate_latest
 
 from contracts import Event, ModelCallRecorded, Outcome, SessionState
 from rollout.groups import GroupAssembler
@@ -108,3 +109,44 @@ def test_eval_groups_are_marked_eval() -> None:
     b = GroupAssembler()
     _feed(b, simulate_group("g7", [SessionPlan(), SessionPlan(reward=0.0)], random.Random(4)))
     assert b.take("g7").kind == "train"
+
+
+def test_eval_rounds_are_reported_per_round_with_the_versions_that_served_them() -> None:
+    from contracts import SessionKind, SessionRequested
+    from rollout.metrics import RolloutMetrics
+
+    metrics = RolloutMetrics()
+    for gid, rnd, plans in [
+        ("ev-0", "0", [SessionPlan(reward=0.0), SessionPlan(reward=0.0)]),
+        ("ev-1", "1", [SessionPlan(reward=1.0), SessionPlan(reward=0.0), SessionPlan(status=SessionState.FAILED)]),
+        ("ev-2", "1", [SessionPlan(reward=1.0), SessionPlan(reward=1.0)]),
+    ]:
+        meta = {
+            "group_size": str(len(plans)),
+            "run": "heldout",
+            "eval_round": rnd,
+            "eval_at_version": str(5 * int(rnd)),
+        }
+        events = [
+            e.model_copy(update={"kind": SessionKind.EVAL, "metadata": meta}) if isinstance(e, SessionRequested) else e
+            for e in simulate_group(gid, plans, random.Random(1))
+        ]
+        a = GroupAssembler()
+        _feed(a, events)
+        group = a.take(gid)
+        assert group.metadata["eval_round"] == rnd
+        metrics.observe_eval(group)
+        metrics.observe_eval(group)  # re-taken after a rebuild in the same process: counted once
+    rounds = metrics.snapshot()["eval_rounds"]
+    assert [(r["run"], r["round"], r["at_version"], r["groups"]) for r in rounds] == [
+        ("heldout", 0, 0, 1),
+        ("heldout", 1, 5, 2),
+    ]
+    assert (rounds[0]["sessions"], rounds[0]["mean_reward"], rounds[0]["solved_fraction"]) == (2, 0.0, 0.0)
+    # The failed session is masked: left out of the mean and the solved fraction.
+    assert (rounds[1]["sessions"], rounds[1]["masked"], rounds[1]["mean_reward"]) == (4, 1, 0.75)
+    assert rounds[1]["solved_fraction"] == 0.75
+    assert rounds[1]["min_weight_version"] is not None
+    assert rounds[1]["min_weight_version"] <= rounds[1]["max_weight_version"]
+    text = generate_latest(metrics.registry).decode()
+    assert 'floe_rollout_eval_round_solved{round="1",run="heldout"} 0.75' in text

@@ -112,3 +112,82 @@ def test_state_is_rebuilt_from_the_topics_after_a_restart() -> None:
     assert len(again) == 2
     assert {r.group_id for r in again}.isdisjoint({r.group_id for r in _requests(published)})
     assert restarted.snapshot()["groups_in_flight"] == 2
+
+
+def test_periodic_eval_rounds_wait_for_their_version_and_say_which_round_they_are() -> None:
+    cfg = SchedulerConfig(max_groups_in_flight=10, max_off_policy_steps=0, groups_per_step=1)
+    runs = [
+        RunSpec("train", ("t1",), group_size=1),
+        RunSpec("eval", ("e1", "e2"), group_size=2, kind=SessionKind.EVAL, every_steps=2, epochs=3),
+    ]
+    s = Scheduler(cfg, runs)
+
+    def drain(now: int) -> list[SessionRequested]:
+        reqs = _requests(s.tick(now))
+        for r in reqs:
+            s.observe(_finish(r))
+        return reqs
+
+    first = drain(T0)
+    evals = [r for r in first if r.kind is SessionKind.EVAL]
+    assert sorted({r.task_id for r in evals}) == ["e1", "e2"] and len(evals) == 4
+    assert all(r.priority == 100 and r.metadata["eval_round"] == "0" for r in evals)
+    assert all(r.metadata["eval_at_version"] == "0" for r in evals)
+    assert [r.rollout_step for r in first if r.kind is SessionKind.TRAIN] == [0]
+    s.observe(WeightsPublished(version=1, uri="/w/1", step=1))
+    assert [r.kind for r in drain(T0 + 1)] == [SessionKind.TRAIN]  # round 1 waits for version 2
+    s.observe(WeightsPublished(version=2, uri="/w/2", step=2))
+    second = drain(T0 + 2)
+    assert [r.kind for r in second][:4] == [SessionKind.EVAL] * 4  # eval first: it keeps its priority
+    assert {(r.metadata["eval_round"], r.metadata["eval_at_version"]) for r in second[:4]} == {("1", "2")}
+
+    # A restart rebuilt from the published requests: round 1 is not admitted again, round 2 waits for version 4.
+    rebuilt = Scheduler(cfg, runs)
+    for r in [*first, *second]:
+        rebuilt.observe(r)
+        rebuilt.observe(_finish(r))
+    rebuilt.observe(WeightsPublished(version=3, uri="/w/3", step=3))
+    assert {r.kind for r in _requests(rebuilt.tick(T0 + 3))} == {SessionKind.TRAIN}
+    rebuilt.observe(WeightsPublished(version=9, uri="/w/9", step=9))  # the learner ran ahead: round 2 goes at once
+    late = [r for r in _requests(rebuilt.tick(T0 + 4)) if r.kind is SessionKind.EVAL]
+    assert len(late) == 4 and {r.metadata["eval_round"] for r in late} == {"2"} and late[0].policy_version == 9
+    for r in late:
+        rebuilt.observe(_finish(r))
+    assert not [r for r in _requests(rebuilt.tick(T0 + 5)) if r.kind is SessionKind.EVAL]  # three rounds: done
+    assert rebuilt.snapshot()["runs"]["eval"] == {"groups_admitted": 6, "rounds_started": 3}
+
+
+def test_max_steps_stops_train_admission_but_not_eval() -> None:
+    cfg = SchedulerConfig(max_groups_in_flight=100, max_off_policy_steps=99, groups_per_step=2, max_steps=2)
+    s = Scheduler(
+        cfg,
+        [
+            RunSpec("train", ("t1", "t2"), group_size=1),
+            RunSpec("eval", ("e1",), group_size=1, kind=SessionKind.EVAL, every_steps=2, epochs=2),
+        ],
+    )
+    reqs = _requests(s.tick(T0))
+    train = [r for r in reqs if r.kind is SessionKind.TRAIN]
+    assert sorted(r.rollout_step for r in train) == [0, 0, 1, 1] and s.train_done
+    assert s.snapshot()["train_done"] is True
+    s.observe(WeightsPublished(version=2, uri="/w/2", step=2))
+    after = _requests(s.tick(T0 + 1))
+    assert [(r.kind, r.metadata.get("eval_round")) for r in after] == [(SessionKind.EVAL, "1")]
+
+
+def test_refill_and_skipped_steps_move_the_step_accounting() -> None:
+    cfg = SchedulerConfig(max_groups_in_flight=100, max_off_policy_steps=0, groups_per_step=2, max_steps=2)
+    s = Scheduler(cfg, [RunSpec("train", ("t1",), group_size=1)])
+    step0 = _requests(s.tick(T0))
+    assert [r.metadata["train_index"] for r in step0] == ["0", "1"] and _requests(s.tick(T0)) == []
+    for r in step0:
+        s.observe(_finish(r))
+    s.group_dropped(1)  # refill: the second group had no signal, so step 0 has room for one more
+    (replacement,) = _requests(s.tick(T0 + 1))
+    assert (replacement.rollout_step, replacement.metadata["train_index"]) == (0, "2")
+    assert s.next_step == 1 and _requests(s.tick(T0 + 2)) == []  # step 1 waits for version 1
+    s.step_skipped(0)  # (drop: no version will come for step 0)
+    step1 = _requests(s.tick(T0 + 3))
+    assert [r.rollout_step for r in step1] == [1, 1] and s.train_done
+    snap = s.snapshot()
+    assert (snap["train_groups_dropped"], snap["steps_skipped"], snap["steps_done"]) == (1, [0], 1)

@@ -22,6 +22,7 @@ from contracts import (
     MODEL_CALLS,
     REWARDS,
     SESSIONS_FINISHED,
+    SESSIONS_REQUESTED,
     SESSIONS_STATE,
     TRAJECTORY_BATCHES,
     WEIGHTS,
@@ -36,6 +37,7 @@ __all__ = ["DEFAULT_TOPICS", "create_app"]
 log = structlog.get_logger()
 
 DEFAULT_TOPICS: tuple[Topic[Any], ...] = (
+    SESSIONS_REQUESTED,  # eval rounds (metadata) and which sessions are eval
     SESSIONS_STATE,
     SESSIONS_FINISHED,
     MODEL_CALLS,

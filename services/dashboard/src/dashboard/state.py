@@ -10,9 +10,18 @@ rebuilt by replaying the topics from the beginning:
 - learner loss and throughput, weight version: ``WeightsPublished.metrics``;
 - staleness: for each ``ModelCallRecorded``, the newest version *published before the call started* minus the version
   that served it (by event time, so the order in which topics are consumed does not change the answer);
-- recent sessions with their calls: ``ModelCallRecorded`` + ``SessionFinished`` + ``RewardPublished``.
+- recent sessions with their calls: ``ModelCallRecorded`` + ``SessionFinished`` + ``RewardPublished``;
+- group selection: zero-signal groups left out of batches, from each batch's ``metrics``
+  (``groups.dropped_zero_signal``, ``groups.dropped_zero_signal_total``, ``steps.skipped_total``; the rollout's
+  ``/state`` also counts the drops since its last batch);
+- eval rounds: eval ``SessionRequested`` (``metadata["eval_round"]``, ``eval_at_version``) joined by session id with
+  ``RewardPublished`` (solved = ``resolved``; ``error`` outcomes are infrastructure, left out like the trainer masks
+  them) and the weight versions of the session's ``ModelCallRecorded``.
 
-Memory is bounded: only the most recent ``max_sessions`` sessions keep their calls.
+Topics are read in no particular order, so a reward or a call may come before its request: facts of sessions whose
+request is not in yet wait in a bounded buffer (``max_early``), and known train sessions are remembered (bounded too)
+so that their later events are not buffered. Memory is bounded: only the most recent ``max_sessions`` sessions keep
+their calls; eval sessions are kept whole (a few per eval task and round).
 """
 
 from __future__ import annotations
@@ -29,8 +38,11 @@ import pyarrow.compute as pc
 from contracts import (
     Event,
     ModelCallRecorded,
+    Outcome,
     RewardPublished,
     SessionFinished,
+    SessionKind,
+    SessionRequested,
     SessionState,
     SessionStateChanged,
     TrajectoryBatch,
@@ -55,6 +67,20 @@ class _Session:
 
 
 @dataclass
+class _Facts:
+    """What an eval round needs of one session."""
+
+    run: str = ""
+    round: int = 0
+    at_version: int | None = None
+    reward: float | None = None
+    resolved: bool = False
+    error: bool = False
+    min_version: int | None = None
+    max_version: int | None = None
+
+
+@dataclass
 class _HarnessStats:
     sessions: int = 0
     traces: int = 0
@@ -63,8 +89,16 @@ class _HarnessStats:
 
 
 class DashboardState:
-    def __init__(self, max_sessions: int = 200) -> None:
+    def __init__(self, max_sessions: int = 200, max_early: int = 20_000) -> None:
         self.max_sessions = max_sessions
+        self.max_early = max_early
+        self._eval: dict[str, _Facts] = {}
+        self._early: OrderedDict[str, _Facts] = OrderedDict()  # request not seen yet: eval or train unknown
+        self._train: OrderedDict[str, None] = OrderedDict()  # known train sessions, bounded like the buffer
+        self._batch_ids: set[str] = set()
+        self._selection: dict[int, dict[str, float]] = {}  # batch step -> groups, dropped
+        self._dropped_total = 0.0
+        self._skipped_total = 0.0
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
         self._state_counts: Counter[str] = Counter()
         self._steps: dict[int, dict[str, float]] = {}
@@ -92,12 +126,45 @@ class DashboardState:
             s = self._session(event.session_id)
             s.reward, s.outcome = event.reward, event.outcome.value
             self._rewards.append(event.reward)
+            facts = self._facts(event.session_id)
+            if facts is not None and facts.reward is None:
+                facts.reward, facts.resolved = event.reward, event.resolved
+                facts.error = event.outcome is Outcome.ERROR
+        elif isinstance(event, SessionRequested):
+            self._on_request(event)
         elif isinstance(event, TrajectoryBatch):
             self._on_batch(event)
         elif isinstance(event, WeightsPublished):
             self.latest_version = max(self.latest_version, event.version)
             bisect.insort(self._published, (event.published_at, event.version))
             self._weights.append({"version": event.version, "step": event.step, **event.metrics})
+
+    def _facts(self, session_id: str) -> _Facts | None:
+        """Where an event of this session goes for the eval rounds (None: a train session)."""
+        facts = self._eval.get(session_id)
+        if facts is not None or session_id in self._train:
+            return facts
+        facts = self._early.get(session_id)
+        if facts is None:
+            facts = self._early[session_id] = _Facts()
+            while len(self._early) > self.max_early:
+                self._early.popitem(last=False)
+        return facts
+
+    def _on_request(self, event: SessionRequested) -> None:
+        early = self._early.pop(event.session_id, None)
+        if event.kind is not SessionKind.EVAL:
+            self._train[event.session_id] = None
+            while len(self._train) > self.max_early:
+                self._train.popitem(last=False)
+            return
+        if event.session_id in self._eval:
+            return  # redelivered
+        facts = self._eval[event.session_id] = early or _Facts()
+        raw_round, at = event.metadata.get("eval_round", "0"), event.metadata.get("eval_at_version", "")
+        facts.run = event.metadata.get("run", "")
+        facts.round = int(raw_round) if raw_round.isdigit() else 0
+        facts.at_version = int(at) if at.isdigit() else None
 
     def _session(self, session_id: str) -> _Session:
         s = self._sessions.get(session_id)
@@ -124,6 +191,11 @@ class DashboardState:
             return
         self._call_versions.append((event.started_at, event.weight_version))
         del self._call_versions[: -self.max_sessions * 50]
+        facts = self._facts(event.session_id)
+        if facts is not None:
+            v = event.weight_version
+            facts.min_version = v if facts.min_version is None else min(facts.min_version, v)
+            facts.max_version = v if facts.max_version is None else max(facts.max_version, v)
         s.calls.append(
             {
                 "call_id": event.call_id,
@@ -141,6 +213,15 @@ class DashboardState:
         s.calls.sort(key=lambda c: int(c["index"]))
 
     def _on_batch(self, event: TrajectoryBatch) -> None:
+        if event.batch_id in self._batch_ids:
+            return
+        self._batch_ids.add(event.batch_id)
+        m = event.metrics
+        dropped = m.get("groups.dropped_zero_signal", 0.0)
+        self._selection[event.step] = {"groups": float(event.num_groups), "dropped": dropped}
+        # The per-batch counts sum to the rollout's running total; the total alone also covers a batch not seen.
+        self._dropped_total = max(self._dropped_total + dropped, m.get("groups.dropped_zero_signal_total", 0.0))
+        self._skipped_total = max(self._skipped_total, m.get("steps.skipped_total", 0.0))
         if event.arrow_ipc is None:
             return  # claim-checked batches are summarised by their metrics only
         from contracts import read_ipc
@@ -199,6 +280,15 @@ class DashboardState:
             newest = running_max[i - 1] if i else 0
             staleness[max(0, newest - version)] += 1
         return {
+            "eval_rounds": self._eval_rounds(),
+            "selection": {
+                "groups_dropped_zero_signal": int(self._dropped_total),
+                "steps_skipped": int(self._skipped_total),
+                "per_batch": [
+                    {"step": k, "groups": int(v["groups"]), "dropped": int(v["dropped"])}
+                    for k, v in sorted(self._selection.items())[-200:]
+                ],
+            },
             "sessions_by_state": {st.value: max(0, self._state_counts[st.value]) for st in SessionState},
             "ready_depth": max(0, self._state_counts[SessionState.READY.value]),
             "reward_per_step": steps,
@@ -211,3 +301,26 @@ class DashboardState:
             "recent_sessions": sessions,
             "events_seen": self.events_seen,
         }
+
+    def _eval_rounds(self) -> list[dict[str, Any]]:
+        rounds: dict[tuple[str, int], list[_Facts]] = defaultdict(list)
+        for f in self._eval.values():
+            rounds[(f.run, f.round)].append(f)
+        out = []
+        for (run, n), facts in sorted(rounds.items()):
+            scored = [f for f in facts if f.reward is not None and not f.error]
+            versions = [v for f in facts for v in (f.min_version, f.max_version) if v is not None]
+            out.append(
+                {
+                    "run": run,
+                    "round": n,
+                    "at_version": next((f.at_version for f in facts if f.at_version is not None), None),
+                    "sessions": len(facts),
+                    "scored": len(scored),
+                    "mean_reward": sum(f.reward or 0.0 for f in scored) / len(scored) if scored else None,
+                    "solved_fraction": sum(f.resolved for f in scored) / len(scored) if scored else None,
+                    "min_weight_version": min(versions) if versions else None,
+                    "max_weight_version": max(versions) if versions else None,
+                }
+            )
+        return out

@@ -1,9 +1,10 @@
 """floe rollout: GRPO groups, trajectory reconstruction (per_request, prefix_merging), advantages, Arrow batches.
 
 Pure core (no broker, no clock): ``build_trajectories`` (builders), ``GroupAssembler`` (join calls + end + reward,
-group-normalized advantages with ``contracts.group_advantages``), ``BatchEncoder`` (Arrow IPC inline or claim
-check), ``Scheduler`` (admission, stragglers, deadlines), ``rebuild`` (offline replay). Service: ``RolloutService``
-over Kafka transactions, ``create_app`` (HTTP ``/state``, ``/metrics``).
+group-normalized advantages with ``contracts.group_advantages``), ``GroupSelector`` (zero-signal groups: off, refill,
+drop), ``BatchEncoder`` (Arrow IPC inline or claim check), ``Scheduler`` (admission, stragglers, deadlines, periodic
+eval), ``rebuild`` (offline replay). Service: ``RolloutService`` over Kafka transactions, ``create_app`` (HTTP
+``/state``, ``/metrics``).
 """
 
 from rollout.advantages import SessionOutcome, classify
@@ -16,6 +17,7 @@ from rollout.groups import GroupAssembler, GroupResult
 from rollout.metrics import RolloutMetrics
 from rollout.replay import rebuild
 from rollout.scheduler import RunSpec, Scheduler, SchedulerConfig
+from rollout.selection import GroupSelector
 from rollout.service import RolloutService, Topics
 from rollout.settings import RolloutSettings, RunSettings
 from rollout.trace import BuildResult, ReconstructionStats, Trace
@@ -27,6 +29,7 @@ __all__ = [
     "DecodedCall",
     "GroupAssembler",
     "GroupResult",
+    "GroupSelector",
     "ReconstructionError",
     "ReconstructionStats",
     "RolloutMetrics",

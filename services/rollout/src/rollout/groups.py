@@ -73,6 +73,7 @@ class SessionRows:
     extras: list[dict[str, Any]]  # per row: request_json, final_completion (for the Parquet dataset / SFT export)
     stats: ReconstructionStats
     trainable: bool
+    resolved: bool = False  # the scorer's verdict (RewardPublished.resolved); eval reports the solved fraction
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,10 @@ class GroupResult:
     trainable_sessions: int
     finished_at: int
     kind: str = "train"  # "eval" when the group's requests were eval runs: measured, never trained on
+    # From the group's first known request: the scheduler's bookkeeping (run, train_index, eval_round, ...) and the
+    # rollout step it was admitted for; group selection and the eval report read them.
+    metadata: dict[str, str] = field(default_factory=dict)
+    rollout_step: int = 0
 
     @property
     def rows(self) -> list[TrajectoryRow]:
@@ -268,6 +273,7 @@ class GroupAssembler:
             f = s.finished
             assert f is not None
             out.append(self._rows(s, f, traces, stats, trainable, reward, advantage, reason, status))
+        request = next((s.request for s in sessions if s.request is not None), None)
         return GroupResult(
             group_id=group_id,
             sessions=out,
@@ -275,6 +281,8 @@ class GroupAssembler:
             trainable_sessions=adv.trainable,
             finished_at=max(s.finished.finished_at for s in sessions if s.finished is not None),
             kind="eval" if any(s.request and s.request.kind is SessionKind.EVAL for s in sessions) else "train",
+            metadata=dict(request.metadata) if request is not None else {},
+            rollout_step=request.rollout_step if request is not None else 0,
         )
 
     def _rows(
@@ -327,4 +335,5 @@ class GroupAssembler:
                     "final_completion": list(last.completion_token_ids) if last else [],
                 }
             )
-        return SessionRows(s.session_id, f.harness, rows, extras, stats, trainable)
+        resolved = bool(s.reward is not None and s.reward.resolved)
+        return SessionRows(s.session_id, f.harness, rows, extras, stats, trainable, resolved)

@@ -5,12 +5,18 @@ Prometheus metrics (``GET /metrics``).
 - groups waiting in the assembler, groups in flight in the scheduler;
 - staleness: for every model call of an emitted group, ``learner_version - call.weight_version`` (histogram);
 - chain breaks (and chains, calls) per harness; trainable vs masked tokens;
-- groups emitted / filtered as zero-signal, sessions masked by reason, batches published.
+- groups kept / dropped as zero-signal (``group_selection``), steps skipped, sessions masked by reason, batches;
+- eval: the aggregate, and per eval round (``SessionRequested.metadata["eval_round"]``): sessions, mean reward,
+  solved fraction and the weight versions that served the round (a round admitted late shows a newer version).
+
+Counts survive neither a restart nor the state rebuild, except where they are re-derived from the rebuilt state
+(dropped groups, skipped steps, eval rounds: a group is counted once per process, however often it is re-taken).
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge, Histogram
@@ -58,6 +64,20 @@ class RolloutMetrics:
         self.batches: Counter[str] = Counter()
         self.eval: dict[str, float] = {"sessions": 0, "masked": 0, "reward_sum": 0.0}
         self._eval = PCounter("floe_rollout_eval", "eval groups assembled (not trained on)", ["what"], registry=r)
+        self.eval_rounds: dict[tuple[str, int], _EvalRound] = {}
+        self._eval_round_reward = Gauge(
+            "floe_rollout_eval_round_reward", "mean eval reward per round", ["run", "round"], registry=r
+        )
+        self._eval_round_solved = Gauge(
+            "floe_rollout_eval_round_solved", "solved fraction of an eval round", ["run", "round"], registry=r
+        )
+        self._dropped = Gauge(
+            "floe_rollout_groups_dropped_zero_signal", "zero-signal train groups left out of batches", registry=r
+        )
+        self._skipped = Gauge("floe_rollout_steps_skipped", "steps whose groups were all dropped", registry=r)
+        self.groups_dropped_zero_signal = 0
+        self.steps_skipped = 0
+        self._seen_groups: set[str] = set()  # a group re-taken after a rebuild in the same process counts once
         self.groups_waiting = 0
         self.groups_in_flight = 0
         self.learner_version = 0
@@ -82,8 +102,13 @@ class RolloutMetrics:
                 self._sessions_state.labels(s.value).set(by_state.get(s.value, 0))
 
     def observe_group(self, group: GroupResult, emitted: bool) -> None:
-        self.groups["emitted" if emitted else "filtered_zero_signal"] += 1
-        self._groups.labels("emitted" if emitted else "filtered_zero_signal").inc()
+        """A train group, kept for a batch (``emitted``) or dropped as zero-signal."""
+        if group.group_id in self._seen_groups:
+            return
+        self._seen_groups.add(group.group_id)
+        outcome = "emitted" if emitted else "dropped_zero_signal"
+        self.groups[outcome] += 1
+        self._groups.labels(outcome).inc()
         if group.zero_signal:
             self.groups["zero_signal"] += 1
             self._groups.labels("zero_signal").inc()
@@ -114,13 +139,41 @@ class RolloutMetrics:
 
     def observe_eval(self, group: GroupResult) -> None:
         """Eval groups: reward mean over their sessions (masked sessions excluded), not trained on."""
+        if group.group_id in self._seen_groups:
+            return
+        self._seen_groups.add(group.group_id)
+        run = group.metadata.get("run", "")
+        raw_round = group.metadata.get("eval_round", "0")
+        key = (run, int(raw_round) if raw_round.isdigit() else 0)
+        rnd = self.eval_rounds.get(key)
+        if rnd is None:
+            at = group.metadata.get("eval_at_version", "")
+            rnd = self.eval_rounds[key] = _EvalRound(at_version=int(at) if at.isdigit() else None)
+        rnd.groups += 1
         for s in group.sessions:
             if s.trainable:
                 self.eval["sessions"] += 1
                 self.eval["reward_sum"] += float(s.rows[0].reward)
+                rnd.sessions += 1
+                rnd.reward_sum += float(s.rows[0].reward)
+                rnd.solved += s.resolved
+                for v in {v for row in s.rows for v in row.weight_versions if v >= 0}:
+                    rnd.min_version = v if rnd.min_version is None else min(rnd.min_version, v)
+                    rnd.max_version = v if rnd.max_version is None else max(rnd.max_version, v)
             else:
                 self.eval["masked"] += 1
+                rnd.masked += 1
         self._eval.labels("groups").inc()
+        if rnd.sessions:
+            self._eval_round_reward.labels(run, str(key[1])).set(rnd.reward_sum / rnd.sessions)
+            self._eval_round_solved.labels(run, str(key[1])).set(rnd.solved / rnd.sessions)
+
+    def set_selection(self, dropped: int, skipped_steps: int) -> None:
+        """Totals from the group selector (re-derived from the topics after a restart, unlike the counters)."""
+        self.groups_dropped_zero_signal = dropped
+        self.steps_skipped = skipped_steps
+        self._dropped.set(dropped)
+        self._skipped.set(skipped_steps)
 
     def observe_batch(self, inline: bool, step: int) -> None:
         transport = "inline" if inline else "claim_check"
@@ -151,10 +204,39 @@ class RolloutMetrics:
             "chains_by_harness": {h: dict(c) for h, c in sorted(self.per_harness.items())},
             "tokens": dict(self.tokens),
             "groups": dict(self.groups),
+            "groups_dropped_zero_signal": self.groups_dropped_zero_signal,
+            "steps_skipped": self.steps_skipped,
             "sessions_masked": dict(self.masked),
             "batches": dict(self.batches),
             "eval": {
                 **dict(self.eval),
                 "mean_reward": self.eval["reward_sum"] / self.eval["sessions"] if self.eval["sessions"] else None,
             },
+            "eval_rounds": [rnd.view(run, n) for (run, n), rnd in sorted(self.eval_rounds.items())],
+        }
+
+
+@dataclass
+class _EvalRound:
+    at_version: int | None = None  # the version the round waited for (periodic eval runs)
+    groups: int = 0
+    sessions: int = 0  # trainable (scored) sessions: the ones the reward mean is over
+    masked: int = 0
+    reward_sum: float = 0.0
+    solved: int = 0
+    min_version: int | None = None
+    max_version: int | None = None
+
+    def view(self, run: str, n: int) -> dict[str, Any]:
+        return {
+            "run": run,
+            "round": n,
+            "at_version": self.at_version,
+            "groups": self.groups,
+            "sessions": self.sessions,
+            "masked": self.masked,
+            "mean_reward": self.reward_sum / self.sessions if self.sessions else None,
+            "solved_fraction": self.solved / self.sessions if self.sessions else None,
+            "min_weight_version": self.min_version,
+            "max_weight_version": self.max_version,
         }

@@ -9,7 +9,46 @@ so re-publishing after a crash never starts a second session.
 - a *train* group for rollout step ``s = train_groups_admitted // groups_per_step`` is admitted only while
   ``s - learner_version <= max_off_policy_steps`` (the learner's version comes from ``WeightsPublished``), so data is
   at most that many updates stale when it was requested (per-call staleness is still stamped on every model call);
-- *eval* runs take priority: their groups are admitted first, ignore the lag bound, and carry priority 100.
+  dropped groups and skipped steps adjust both sides (below);
+- *eval* runs take priority: their groups are admitted first, ignore the lag bound, and carry priority 100;
+- ``max_steps``: no train group is admitted for rollout step ``s >= max_steps`` (eval runs are not limited), so once
+  the last step is admitted the inference engines are left to the evals.
+
+**Step accounting under group selection** (the service's ``group_selection``, see ``rollout.selection``). A train
+group's rollout step is ``(train_groups_admitted - dropped) // groups_per_step`` and the lag bound is
+``s - skipped_steps - learner_version <= max_off_policy_steps``:
+
+- ``refill`` (DAPO dynamic sampling): the service reports every dropped zero-signal train group
+  (``group_dropped``); it stops counting toward its step, so a replacement is admitted for the same step and every
+  step ends with ``groups_per_step`` groups with signal;
+- ``drop`` (Polar): dropped groups still count (a step is exactly ``groups_per_step`` admitted groups, and the service
+  batches each step's kept groups once all of them have completed); a step whose groups were *all* dropped yields no
+  batch and no learner version, so the service reports it (``step_skipped``) and the lag bound stops waiting for it
+  (``s - skipped`` is the index of the batch the new group will land in);
+- ``off``: nothing is reported.
+
+Why this always progresses (the learner makes one version per batch it trains; every admitted group ends, at the
+latest by its deadline): suppose nothing is in flight and admission is blocked at step ``s``.
+``drop``: the lag test of a step only gets looser over time (the version and the skipped count only grow), so a step
+that admitted one group admits all of its groups; hence every step below ``s`` was fully admitted and has completed,
+and each became either a batch (a version, once trained) or a skipped step: ``learner_version + skipped = s``, lag 0.
+``refill``/``off``: the ``K = admitted - dropped`` groups all completed and were kept, so ``K // groups_per_batch``
+batches come, i.e. ``learner_version >= K // groups_per_step = s`` when ``groups_per_batch <= groups_per_step``, lag
+<= 0. The settings refuse ``groups_per_batch > groups_per_step`` (in any mode the buffer would then eventually wait
+for groups that the lag bound never admits). Without the reports (the behaviour before ``group_selection``), each
+dropped group kept counting toward its step while the buffer waited for a kept one: a run stalled for good once the
+drops left the buffer short of a batch at the lag bound (one drop with ``max_off_policy_steps=0``, at most
+``(max_off_policy_steps + 1) * groups_per_step``; ``tests/test_selection.py`` replays it).
+The reported counts are rebuilt after a restart from what the service re-derives from the topics (a dropped group is
+dropped again when its events are replayed, before the first tick); a missing report only makes admission stricter.
+
+**Periodic eval** (``RunSpec.every_steps = N``): pass ``r`` of an eval run (its ``r``-th round over its tasks) is
+admitted once ``learner_version >= r * N`` (plus the skipped steps under ``drop``, which never get a version: without
+them the round after the last step would wait forever); pass 0 runs at once, so ``epochs = max_steps / N + 1``
+evaluates before the first step and after the last. ``epochs`` is the number of rounds (without it, rounds go on as
+long as versions come). A round admitted late (the learner ran ahead) shows it in the weight versions that served
+its calls. Every request of an eval run carries ``metadata["eval_round"]`` (and, when periodic, ``eval_at_version``
+= ``r * N``); the admitted count is rebuilt from ``group_index`` as for every run.
 
 **Stragglers** (``min_usable_fraction`` < 1): once ``k = min(G, ceil(G * fraction) + grace_sessions)`` sessions of a
 group are *usable* (``DONE`` with at least one model call), the group's remaining sessions are cancelled
@@ -61,18 +100,35 @@ class RunSpec:
     model: str = "floe-policy"
     agent_timeout_s: float = 600.0
     session_timeout_s: float = 1800.0
-    epochs: int | None = None  # None: cycle forever (train); eval runs default to one pass
+    epochs: int | None = None  # None: cycle forever (train); eval runs default to one pass (periodic: forever)
     shuffle_seed: int | None = 0
+    every_steps: int | None = None  # eval only: pass r waits for learner version r * every_steps
 
     def __post_init__(self) -> None:
         if not self.task_ids:
             raise ValueError(f"run {self.name!r} has no tasks")
         if self.group_size < 1:
             raise ValueError("group_size must be >= 1")
+        if self.every_steps is not None:
+            if self.kind is not SessionKind.EVAL:
+                raise ValueError(f"run {self.name!r}: every_steps is for eval runs only")
+            if self.every_steps < 1:
+                raise ValueError(f"run {self.name!r}: every_steps must be >= 1")
+
+    @property
+    def passes(self) -> int | None:
+        """How many passes over the tasks (None: forever). Eval runs default to one, periodic ones to forever."""
+        if self.epochs is not None:
+            return self.epochs
+        return 1 if self.kind is SessionKind.EVAL and self.every_steps is None else None
+
+    def pass_of(self, n: int) -> int:
+        """The pass (eval: round) the run's n-th group belongs to."""
+        return n // len(self.task_ids)
 
     def task_for(self, n: int) -> str | None:
         """The task of this run's n-th group, or None when the run is exhausted."""
-        epochs = self.epochs if self.epochs is not None else (1 if self.kind is SessionKind.EVAL else None)
+        epochs = self.passes
         epoch, i = divmod(n, len(self.task_ids))
         if epochs is not None and epoch >= epochs:
             return None
@@ -91,6 +147,7 @@ class SchedulerConfig:
     grace_sessions: int = 0
     group_deadline_s: float = 3600.0
     cancel_grace_s: float = 60.0
+    max_steps: int | None = None  # no train group for rollout step >= max_steps (None: train forever)
 
 
 def _session_id(group_id: str, index: int) -> str:
@@ -135,6 +192,11 @@ class Scheduler:
         self.learner_version = 0
         self.admitted: Counter[str] = Counter()  # groups admitted per run
         self.train_groups_admitted = 0
+        # Reported by the service (see the module docstring): train groups dropped for a replacement (refill, by
+        # train_index) and steps whose groups were all dropped (drop). Sets, so a report repeated after a rebuild
+        # counts once.
+        self.dropped: set[int] = set()
+        self.skipped_steps: set[int] = set()
         self.groups: dict[str, _Group] = {}  # in flight
         self.session_group: dict[str, str] = {}
         self.counters: Counter[str] = Counter()
@@ -197,6 +259,30 @@ class Scheduler:
             if early is not None:
                 self.observe(early)
 
+    def group_dropped(self, train_index: int) -> None:
+        """refill: the train group admitted as ``train_index`` was dropped (zero signal); admit a replacement."""
+        if train_index >= 0:
+            self.dropped.add(train_index)
+
+    def step_skipped(self, step: int) -> None:
+        """drop: every group of rollout step ``step`` was dropped, so no batch (and no learner version) comes for it."""
+        self.skipped_steps.add(step)
+
+    @property
+    def next_step(self) -> int:
+        """The rollout step of the next train group (dropped groups do not count toward a step)."""
+        return (self.train_groups_admitted - len(self.dropped)) // self.config.groups_per_step
+
+    @property
+    def steps_done(self) -> int:
+        """Steps the learner is past: its version (one per batch) plus the skipped steps, which make no version."""
+        return self.learner_version + len(self.skipped_steps)
+
+    @property
+    def train_done(self) -> bool:
+        """``max_steps`` reached: no train group will be admitted any more."""
+        return self.config.max_steps is not None and self.next_step >= self.config.max_steps
+
     def _set_state(self, group: _Group, session_id: str, state: SessionState) -> None:
         old = group.sessions.get(session_id)
         if old is not None:
@@ -221,13 +307,18 @@ class Scheduler:
 
     def _admit_one(self, now_ms: int) -> list[Event]:
         runs = sorted(self.runs.values(), key=lambda r: (r.kind is not SessionKind.EVAL, r.name))
+        step = self.next_step
         for run in runs:
             n = self.admitted[run.name]
             task = run.task_for(n)
             if task is None:
                 continue
-            step = self.train_groups_admitted // self.config.groups_per_step
-            if run.kind is SessionKind.TRAIN and step - self.learner_version > self.config.max_off_policy_steps:
+            if run.kind is SessionKind.EVAL:
+                if run.every_steps is not None and self.steps_done < run.pass_of(n) * run.every_steps:
+                    continue  # this round waits for its version; eval runs keep their priority once it is there
+            elif self.train_done:
+                continue
+            elif step - self.steps_done > self.config.max_off_policy_steps:
                 self.counters["admission_blocked_by_lag"] += 1
                 continue
             return self._requests(run, n, task, step, now_ms)
@@ -238,6 +329,10 @@ class Scheduler:
         meta = {"group_size": str(run.group_size), "run": run.name, "group_index": str(n)}
         if run.kind is SessionKind.TRAIN:
             meta["train_index"] = str(self.train_groups_admitted)
+        else:
+            meta["eval_round"] = str(run.pass_of(n))
+            if run.every_steps is not None:
+                meta["eval_at_version"] = str(run.pass_of(n) * run.every_steps)
         events: list[Event] = [
             SessionRequested(
                 session_id=_session_id(group_id, i),
@@ -342,8 +437,20 @@ class Scheduler:
             "learner_version": self.learner_version,
             "groups_in_flight": len(self.groups),
             "train_groups_admitted": self.train_groups_admitted,
-            "next_step": self.train_groups_admitted // self.config.groups_per_step,
+            "train_groups_dropped": len(self.dropped),
+            "steps_skipped": sorted(self.skipped_steps),
+            "next_step": self.next_step,
+            "steps_done": self.steps_done,
+            "max_steps": self.config.max_steps,
+            "train_done": self.train_done,
             "sessions_by_state": {k: v for k, v in sorted(self.states.items()) if v},
             "counters": dict(sorted(self.counters.items())),
-            "runs": {name: {"groups_admitted": self.admitted[name]} for name in sorted(self.runs)},
+            "runs": {name: self._run_snapshot(run) for name, run in sorted(self.runs.items())},
         }
+
+    def _run_snapshot(self, run: RunSpec) -> dict[str, object]:
+        out: dict[str, object] = {"groups_admitted": self.admitted[run.name]}
+        if run.kind is SessionKind.EVAL:
+            # Rounds admitted so far (the last one possibly partly).
+            out["rounds_started"] = -(-self.admitted[run.name] // len(run.task_ids))
+        return out

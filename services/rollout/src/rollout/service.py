@@ -13,7 +13,9 @@ the topics** on start and after an aborted transaction (``_recover``), in this o
    ``instance_id`` and aborts its open transaction;
 2. the output topic is read to its end (``eventbus.replay``, ``read_committed``): every group already published is
    marked emitted, and the next ``step`` is one past the last published batch;
-3. the input topics are read to their end into the assembler and the scheduler (duplicates are ignored).
+3. the input topics are read to their end into the assembler and the scheduler (duplicates are ignored);
+4. the groups complete in that state are taken again (``_take_ready``): kept ones go back to the buffer, dropped ones
+   are dropped again, and the scheduler hears of them (``rollout.selection``) before its first tick.
 
 Then the processor resumes from its committed offsets. A ``kill -9`` at any moment therefore neither loses (an
 uncommitted batch's inputs are re-delivered, or already in the rebuilt state) nor duplicates (a committed batch's
@@ -58,9 +60,10 @@ from eventbus import KafkaSettings, Producer, TransactionalProcessor, ensure_top
 from eventbus.replay import replay_async
 from rollout.batching import BatchEncoder, load_batch_table
 from rollout.dataset import write_group
-from rollout.groups import GroupAssembler, GroupResult
+from rollout.groups import GroupAssembler
 from rollout.metrics import RolloutMetrics
 from rollout.scheduler import RunSpec, Scheduler, SchedulerConfig
+from rollout.selection import GroupSelector, PendingBatch
 from rollout.settings import RolloutSettings, RunSettings
 
 __all__ = ["RolloutService", "Topics", "run_specs"]
@@ -140,6 +143,7 @@ def run_specs(runs: list[RunSettings]) -> list[RunSpec]:
                 agent_timeout_s=run.agent_timeout_s,
                 session_timeout_s=run.session_timeout_s,
                 epochs=run.epochs,
+                every_steps=run.every_steps,
             )
         )
     return specs
@@ -165,6 +169,7 @@ class RolloutService:
             grace_sessions=settings.grace_sessions,
             group_deadline_s=settings.group_deadline_s,
             cancel_grace_s=settings.cancel_grace_s,
+            max_steps=settings.max_steps,
         )
         self.specs = run_specs(settings.runs) if settings.schedule else []
         self.ready = asyncio.Event()
@@ -175,7 +180,8 @@ class RolloutService:
         self.assembler = GroupAssembler(s.builder, s.advantage, s.eot_token_ids)
         self.scheduler = Scheduler(self.scheduler_config, self.specs) if s.schedule else None
         self.step = 0
-        self.buffer: list[GroupResult] = []
+        self.selector = GroupSelector(s.group_selection, s.groups_per_batch, s.groups_per_step)
+        self._dropped_reported = 0  # dropped groups counted in the batches published so far (their metrics say)
         self.learner_version = 0
         self._finished_at: dict[str, float] = {}
 
@@ -238,6 +244,10 @@ class RolloutService:
             self.assembler.mark_emitted(
                 set(table.column("group_id").to_pylist()), set(table.column("session_id").to_pylist())
             )
+            if "rollout_step" in event.metrics:
+                self.selector.mark_step_done(int(event.metrics["rollout_step"]))
+            if event.step + 1 >= self.step:
+                self._dropped_reported = int(event.metrics.get("groups.dropped_zero_signal_total", 0))
             self.step = max(self.step, event.step + 1)
             batches += 1
         async for record in replay_async(self.kafka, self.topics.inputs, idle_timeout_s=REBUILD_IDLE_S):
@@ -248,6 +258,9 @@ class RolloutService:
             events += 1
         if skipped:
             log.warning("undecodable messages skipped while rebuilding", count=skipped)
+        # Before the scheduler's first tick, so it knows of the drops and skipped steps (its lag bound counts them).
+        # A batch this completes is produced with the next input batch (it needs a transaction).
+        self._take_ready()
         self._update_depths()
         log.info(
             "state rebuilt from topics",
@@ -277,39 +290,64 @@ class RolloutService:
                 log.warning("giving up on missing model calls", session_id=sid)
                 self.assembler.expire(sid)
 
-    def _emit(self, tp: TransactionalProcessor[Any]) -> list[TrajectoryBatch]:
-        s = self.settings
-        self.metrics.learner_version = self.learner_version
+    def _take_ready(self) -> None:
+        """Take every complete group out of the assembler: eval groups are measured, train groups selected."""
         for group_id in self.assembler.ready_groups():
             group = self.assembler.take(group_id)
-            if s.dataset_dir:
-                write_group(s.dataset_dir, group)
+            if self.settings.dataset_dir:
+                write_group(self.settings.dataset_dir, group)
             if group.kind == "eval":
                 # Eval groups measure the policy; they never become training data.
                 self.metrics.observe_eval(group)
                 continue
-            keep = not (group.zero_signal and s.drop_zero_signal_groups)
-            self.metrics.observe_group(group, emitted=keep)
-            if keep:
-                self.buffer.append(group)
-            else:
-                log.info("zero-signal group filtered", group_id=group_id, trainable=group.trainable_sessions)
+            selection = self.selector.add(group)
+            self.metrics.observe_group(group, emitted=selection.kept)
+            if not selection.kept:
+                log.info("zero-signal group dropped", group_id=group_id, trainable=group.trainable_sessions)
+            if self.scheduler is not None:
+                if selection.refill is not None:
+                    self.scheduler.group_dropped(selection.refill)
+                if selection.skipped_step is not None:
+                    self.scheduler.step_skipped(selection.skipped_step)
+            if selection.skipped_step is not None:
+                log.warning("every group of a step was dropped: no batch for it", rollout_step=selection.skipped_step)
+        self.metrics.set_selection(len(self.selector.dropped), len(self.selector.skipped_steps))
+
+    def _emit(self, tp: TransactionalProcessor[Any]) -> list[TrajectoryBatch]:
+        self.metrics.learner_version = self.learner_version
+        self._take_ready()
         produced: list[TrajectoryBatch] = []
-        while len(self.buffer) >= s.groups_per_batch:
-            groups, self.buffer = self.buffer[: s.groups_per_batch], self.buffer[s.groups_per_batch :]
-            batch = self.encoder.encode(groups, step=self.step, extra_metrics={"learner_version": self.learner_version})
+        for pending in self.selector.take_batches():
+            batch = self.encoder.encode(pending.groups, step=self.step, extra_metrics=self._batch_metrics(pending))
             tp.produce(self.topics.batches, batch)
             log.info(
                 "batch produced",
                 batch_id=batch.batch_id,
                 step=batch.step,
                 rows=batch.num_rows,
+                groups=batch.num_groups,
                 inline=batch.arrow_ipc is not None,
             )
             produced.append(batch)
             self.step += 1
         self._update_depths()
         return produced
+
+    def _batch_metrics(self, pending: PendingBatch) -> dict[str, float]:
+        # Drops since the previous batch, and in all: summed over the batches, the first gives the second. The total
+        # is re-derived from the topics after a restart and the previous batch's total is read back from it, so
+        # neither counts a drop twice (drops after the last batch show up in the next one, or only in /state).
+        total = len(self.selector.dropped)
+        out = {
+            "learner_version": float(self.learner_version),
+            "groups.dropped_zero_signal": float(max(0, total - self._dropped_reported)),
+            "groups.dropped_zero_signal_total": float(total),
+        }
+        self._dropped_reported = total
+        if pending.rollout_step is not None:
+            out["rollout_step"] = float(pending.rollout_step)
+            out["steps.skipped_total"] = float(len(self.selector.skipped_steps))
+        return out
 
     async def _schedule(self, producer: Producer) -> None:
         if self.scheduler is None:
@@ -326,7 +364,8 @@ class RolloutService:
         out = self.metrics.snapshot()
         out["step"] = self.step
         out["builder"] = self.settings.builder
-        out["groups_buffered"] = len(self.buffer)
+        out["groups_buffered"] = self.selector.buffered()
+        out["group_selection"] = self.selector.snapshot()
         out["sessions_pending"] = self.assembler.pending_sessions()
         if self.scheduler is not None:
             out["scheduler"] = self.scheduler.snapshot()
