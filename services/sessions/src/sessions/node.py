@@ -18,7 +18,10 @@ deadline cancels and replaces them. Nothing is ever started twice concurrently b
 
 Backpressure: the node stops fetching requests while ``max_accepted`` sessions are in flight, leaving the rest to
 other nodes. A full node can stay away longer than ``max.poll.interval.ms``: the group then drops it, and it
-rejoins when it fetches again (the consumer logs that notice; it is not an error).
+rejoins when it fetches again (the consumer logs that notice; it is not an error). A request it had fetched before
+it was dropped is still accepted, but its commit then fails (the member is gone): that is logged, not fatal, and the
+request may come again — to this node, which has seen the id, or to another, which runs it (the redelivery case of
+the duplicate guarantee above).
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ from contracts import (
     now_ms,
     valid_id,
 )
-from eventbus import Consumer, KafkaSettings, Producer, ensure_topics
+from eventbus import Consumer, EventBusError, KafkaSettings, Producer, ensure_topics
 from floe_tasks import Task
 from sessions.metrics import SessionMetrics
 from sessions.ready_pool import PriorityGate, ReadyPool
@@ -63,6 +66,10 @@ from sessions.workspace import (
 )
 
 __all__ = ["KafkaSink", "NodeTopics", "SessionNode"]
+
+# Commit errors that mean "this consumer is no longer the group member that fetched the message": the partition
+# moved on without us, the message will be delivered again, and the node carries on (it rejoins on its next fetch).
+_LOST_MEMBERSHIP = {"UNKNOWN_MEMBER_ID", "ILLEGAL_GENERATION", "REBALANCE_IN_PROGRESS", "_MAX_POLL_EXCEEDED"}
 
 log = structlog.get_logger()
 
@@ -198,7 +205,16 @@ class SessionNode:
             if msg is None:
                 return
             await self.submit(msg.event)
-            await consumer.commit(msg)
+            try:
+                await consumer.commit(msg)
+            except EventBusError as exc:
+                if exc.code not in _LOST_MEMBERSHIP:
+                    raise
+                log.warning(
+                    "request accepted after the group dropped this node; its commit failed and it may be redelivered",
+                    session_id=msg.event.session_id,
+                    code=exc.code,
+                )
 
     async def submit(self, request: SessionRequested) -> bool:
         """Accept one request (publish REQUESTED) and start it; False for a duplicate. Also used by the CLI."""
