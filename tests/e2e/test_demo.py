@@ -29,11 +29,14 @@ def _get(url: str) -> dict[str, Any]:
 
 
 def test_demo_trains_end_to_end_and_the_dashboard_shows_it(tmp_path: Path) -> None:
-    cfg = DemoConfig(steps=3, group_size=4, groups_per_step=2, run_dir=tmp_path / "run", timeout_s=600)
+    cfg = DemoConfig.for_model(
+        "tiny", steps=3, group_size=4, groups_per_step=2, run_dir=tmp_path / "run", timeout_s=600
+    )
     demo = Demo(cfg)
     try:
         demo.up()
-        steps = asyncio.run(demo.watch())
+        steps, rounds = asyncio.run(demo.watch())
+        assert rounds == [], "the tiny model's toy workload has no held-out set"
         assert [s.step for s in steps] == [1, 2, 3]
         assert [s.version for s in steps] == [1, 2, 3], "each step is one new weight version"
         for s in steps:

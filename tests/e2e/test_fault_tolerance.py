@@ -130,7 +130,8 @@ def demo() -> Iterator[Demo]:
     # unprivileged uid that must be able to reach its work directory under the run directory.
     run_dir = Path(tempfile.mkdtemp(prefix="floe-e2e-"))
     run_dir.chmod(0o755)
-    cfg = DemoConfig(
+    cfg = DemoConfig.for_model(
+        "tiny",
         steps=1000,  # the test decides when to stop
         group_size=4,
         groups_per_step=2,

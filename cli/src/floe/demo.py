@@ -3,20 +3,27 @@
 What it runs (each a separate process, logs in ``<run>/logs/``):
 
 - a fresh single-node Kafka broker (``deploy/kafka/kafka.sh``) on free ports, state in ``<run>/kafka``;
-- ``inference``: the CPU engine serving the tiny dev model (created in ``<run>/model``), hot-reloading weights;
+- ``inference``: the CPU engine (or ``--engine vllm``: the real vLLM behind floe's weight-version proxy) serving the
+  policy, hot-reloading every published version;
 - ``gateway``: the model-API proxy + session runner (harnesses in bubblewrap sandboxes);
 - ``scorer``: grades each session (``answer`` evaluator for the toy tasks, SWE-bench rules for ``--workload swe``);
 - ``rollout``: schedules GRPO groups, rebuilds trajectories, publishes Arrow batches;
 - ``learner``: GRPO steps, checkpoints, ``WeightsPublished``;
 - ``dashboard``: the live web page.
 
-Default workload (``toy``): one-digit arithmetic questions answered by the toy agent (the official ``openai`` SDK
-against the gateway, one call) and graded with partial credit for digits, so the tiny random model visibly learns
-within minutes. ``--workload swe --harness pi`` runs the bundled SWE tasks with a real harness instead: the pipeline
-runs end to end, but a tiny random model is not expected to learn to fix bugs.
+Default: the real SmolLM2-135M-Instruct (``floe model fetch smollm2-135m``, cached) on the ``count`` tasks ("What
+number comes after / before 47?"), answered by the toy agent (the official ``openai`` SDK against the gateway, one
+call) and graded exactly (1 when the reply's first number is the answer, else 0; no format credit). A held-out set
+(``count-heldout``: numbers never trained on) runs as *eval* sessions — the scheduler's eval priority, never trained on
+— before the first step, every ``--eval-every`` steps and after the last, with the training sampling; the report puts
+``eval_solve_rate_before`` / ``_after`` next to the best a prompt-agnostic (constant) answer can reach.
+
+``--model tiny`` is the old fast run (a random 0.2M-parameter model, one-digit sums with partial credit for digits: it
+learns the format in minutes, nothing that depends on the prompt). ``--workload swe --harness pi`` runs the bundled
+SWE tasks with a real harness: the pipeline runs end to end; neither model is expected to learn to fix bugs.
 
 The demo itself only watches the topics (its own consumer group): per training step it prints one status line; at
-the end it writes ``<run>/report/`` (reward-per-step PNG, config, summary) and stops everything it started.
+the end it writes ``<run>/report/`` (solve-rate PNG, config, summary) and stops everything it started.
 """
 
 from __future__ import annotations
@@ -29,36 +36,88 @@ import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from contracts import TOPICS, TRAJECTORY_BATCHES, WEIGHTS, Topic, TrajectoryBatch, WeightsPublished, read_ipc
+from contracts import (
+    REWARDS,
+    SESSIONS_REQUESTED,
+    TOPICS,
+    TRAJECTORY_BATCHES,
+    WEIGHTS,
+    Outcome,
+    RewardPublished,
+    SessionKind,
+    SessionRequested,
+    Topic,
+    TrajectoryBatch,
+    WeightsPublished,
+    read_ipc,
+)
 from eventbus import Consumer, EventBusError, KafkaSettings, Message, ensure_topics_sync
 from eventbus.broker import BrokerError, LocalBroker, free_port
 from floe.home import state_home
-from floe.report import StepRecord, summarize, write_report
+from floe.report import EvalRound, StepRecord, prompt_agnostic_best, summarize, write_report
 from floe.stack import ServiceSpec, Stack, StackError, python_module
 
 __all__ = ["DemoConfig", "add_parser", "run"]
 
 
+@dataclass(frozen=True)
+class ModelPreset:
+    """Defaults chosen by measurement for one policy model on this 2-core machine kind (docs: README, demo section)."""
+
+    workload: str
+    steps: int
+    group_size: int
+    groups_per_step: int
+    lr: float
+    eval_every: int
+    threads: int  # torch threads of the inference engine and the learner (they mostly take turns)
+    group_selection: str
+
+
+PRESETS: dict[str, ModelPreset] = {
+    "smollm2": ModelPreset(
+        "count", steps=10, group_size=8, groups_per_step=4, lr=5e-5, eval_every=5, threads=2, group_selection="refill"
+    ),
+    "tiny": ModelPreset(
+        "toy", steps=20, group_size=8, groups_per_step=2, lr=2e-2, eval_every=0, threads=1, group_selection="off"
+    ),
+}
+# Which task set a workload trains on, and its held-out set (None: no eval).
+WORKLOADS: dict[str, tuple[str, str | None]] = {
+    "count": ("count", "count-heldout"),
+    "toy": ("toy", None),
+    "swe": ("bundled", None),
+}
+
+
 @dataclass
 class DemoConfig:
-    steps: int = 20
-    workload: str = "toy"
+    model: str = "smollm2"
+    engine: str = "cpu"
+    steps: int = 10
+    workload: str = "count"
     harness: str = "toy"
     group_size: int = 8
-    groups_per_step: int = 2
-    lr: float = 2e-2
+    groups_per_step: int = 4
+    lr: float = 5e-5
     max_tokens: int = 8
     temperature: float = 1.0
     max_off_policy_steps: int = 2
     builder: str = "prefix_merging"
+    group_selection: str = "refill"
+    eval_every: int = 5
+    eval_samples: int = 1
+    threads: int = 2
     timeout_s: float = 1800.0
     seed: int = 0
     dashboard: bool = True
@@ -66,27 +125,76 @@ class DemoConfig:
 
     @property
     def task_source(self) -> str:
-        return "toy" if self.workload == "toy" else "bundled"
+        return WORKLOADS[self.workload][0]
+
+    @property
+    def eval_source(self) -> str | None:
+        return WORKLOADS[self.workload][1] if self.eval_every > 0 else None
+
+    @property
+    def eval_rounds(self) -> int:
+        """Eval passes at versions 0, N, 2N, ... and always one after the last step."""
+        if self.eval_source is None:
+            return 0
+        return math.ceil(self.steps / self.eval_every) + 1
+
+    @classmethod
+    def for_model(cls, model: str, **overrides: Any) -> DemoConfig:
+        preset = PRESETS[model]
+        base: dict[str, Any] = {
+            "model": model,
+            "workload": preset.workload,
+            "steps": preset.steps,
+            "group_size": preset.group_size,
+            "groups_per_step": preset.groups_per_step,
+            "lr": preset.lr,
+            "eval_every": preset.eval_every,
+            "threads": preset.threads,
+            "group_selection": preset.group_selection,
+        }
+        base.update({k: v for k, v in overrides.items() if v is not None})
+        cfg = cls(**base)
+        if cfg.eval_source is not None and cfg.steps % cfg.eval_every:
+            raise ValueError(f"--steps ({cfg.steps}) must be a multiple of --eval-every ({cfg.eval_every})")
+        return cfg
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("demo", help="the main job: every service over a local Kafka, GRPO steps, a report")
-    d = DemoConfig()
-    p.add_argument("--steps", type=int, default=d.steps, help="GRPO steps (trajectory batches) to train")
+    p.add_argument(
+        "--model",
+        choices=sorted(PRESETS),
+        default="smollm2",
+        help="smollm2: the real SmolLM2-135M-Instruct (default); tiny: a random 0.2M model (fast, format only)",
+    )
+    p.add_argument(
+        "--engine", choices=["cpu", "vllm"], default="cpu", help="cpu: floe's CPU engine; vllm: the real vLLM"
+    )
+    p.add_argument("--steps", type=int, default=None, help="GRPO steps (trajectory batches) to train")
     p.add_argument(
         "--workload",
-        choices=["toy", "swe"],
-        default=d.workload,
-        help="toy: arithmetic the tiny model can learn; swe: bundled SWE tasks with a real harness",
+        choices=sorted(WORKLOADS),
+        default=None,
+        help="count: next/previous number, exact reward, held-out eval (smollm2's default); toy: one-digit sums with "
+        "digit credit (tiny's default); swe: bundled SWE tasks with a real harness",
     )
-    p.add_argument("--harness", default=None, help="harness preset (default: toy for toy, pi for swe)")
-    p.add_argument("--group-size", type=int, default=d.group_size, help="sessions per GRPO group (G)")
-    p.add_argument("--groups-per-step", type=int, default=d.groups_per_step)
-    p.add_argument("--lr", type=float, default=d.lr, help="learner learning rate (tiny model: large)")
-    p.add_argument("--max-tokens", type=int, default=d.max_tokens, help="toy agent: tokens per answer")
-    p.add_argument("--builder", choices=["prefix_merging", "per_request"], default=d.builder)
-    p.add_argument("--timeout", type=float, default=d.timeout_s, help="give up after this many seconds")
-    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--harness", default=None, help="harness preset (default: toy, or pi for swe)")
+    p.add_argument("--group-size", type=int, default=None, help="sessions per GRPO group (G)")
+    p.add_argument("--groups-per-step", type=int, default=None)
+    p.add_argument("--lr", type=float, default=None, help="learner learning rate")
+    p.add_argument("--max-tokens", type=int, default=None, help="toy agent: tokens per answer (default 8)")
+    p.add_argument("--builder", choices=["prefix_merging", "per_request"], default=None)
+    p.add_argument(
+        "--group-selection",
+        choices=["off", "drop", "refill"],
+        default=None,
+        help="groups whose rewards are all equal carry no signal: keep them (off), drop them (drop), or drop them and "
+        "sample replacements so every batch is full (refill, default)",
+    )
+    p.add_argument("--eval-every", type=int, default=None, help="held-out eval every N steps (0: none)")
+    p.add_argument("--eval-samples", type=int, default=None, help="samples per held-out task and eval round")
+    p.add_argument("--timeout", type=float, default=None, help="give up after this many seconds")
+    p.add_argument("--seed", type=int, default=None)
     p.add_argument("--no-dashboard", action="store_true")
     p.add_argument("--run-dir", default=None, help="default: <state home>/runs/<timestamp>")
     p.set_defaults(func=run)
@@ -94,22 +202,32 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def run(args: argparse.Namespace) -> int:
     workload = args.workload
-    cfg = DemoConfig(
-        steps=args.steps,
-        workload=workload,
-        harness=args.harness or ("toy" if workload == "toy" else "pi"),
-        group_size=args.group_size,
-        groups_per_step=args.groups_per_step,
-        lr=args.lr,
-        max_tokens=args.max_tokens,
-        builder=args.builder,
-        timeout_s=args.timeout,
-        seed=args.seed,
-        dashboard=not args.no_dashboard,
-        run_dir=Path(args.run_dir).resolve()
-        if args.run_dir
-        else state_home(args.state_dir) / "runs" / time.strftime("%Y%m%d-%H%M%S"),
-    )
+    harness = args.harness or ("pi" if workload == "swe" else None)
+    try:
+        cfg = DemoConfig.for_model(
+            args.model,
+            engine=args.engine,
+            steps=args.steps,
+            workload=workload,
+            harness=harness,
+            group_size=args.group_size,
+            groups_per_step=args.groups_per_step,
+            lr=args.lr,
+            max_tokens=args.max_tokens,
+            builder=args.builder,
+            group_selection=args.group_selection,
+            eval_every=args.eval_every,
+            eval_samples=args.eval_samples,
+            timeout_s=args.timeout,
+            seed=args.seed,
+            dashboard=not args.no_dashboard,
+            run_dir=Path(args.run_dir).resolve()
+            if args.run_dir
+            else state_home(args.state_dir) / "runs" / time.strftime("%Y%m%d-%H%M%S"),
+        )
+    except ValueError as exc:
+        print(f"floe demo: {exc}", file=sys.stderr)
+        return 2
     try:
         return Demo(cfg).run()
     except KeyboardInterrupt:
@@ -129,6 +247,7 @@ class Demo:
         self.ports = {name: free_port() for name in ("inference", "gateway", "rollout", "dashboard")}
         self.kafka = KafkaSettings()
         self.stack: Stack | None = None
+        self.model_dir = self.run_dir / "model"
         self.started = time.monotonic()
         # Sandboxed harnesses and graders run as unprivileged uids that must traverse their work directories, and a
         # run directory may sit under a private (0700) parent such as pytest's tmp_path: keep those two elsewhere.
@@ -168,16 +287,24 @@ class Demo:
         assert address == self.kafka.bootstrap_servers, f"broker came back on {address}"
 
     def down(self) -> None:
-        if self.stack is not None:
-            self.stack.stop_all()
-            self.say("services stopped")
-        self.broker.stop()
-        shutil.rmtree(self.sandbox_root, ignore_errors=True)
+        # A second Ctrl-C (or a wrapper forwarding the first one again) must not cut the shutdown short and leave
+        # services running: ignore SIGINT until everything is stopped.
+        main = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+        try:
+            if self.stack is not None:
+                self.stack.stop_all()
+                self.say("services stopped")
+            self.broker.stop()
+            shutil.rmtree(self.sandbox_root, ignore_errors=True)
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
 
     def run(self) -> int:
         try:
             self.up()
-            steps = asyncio.run(self.watch())
+            steps, rounds = asyncio.run(self.watch())
         except BrokerError as exc:
             print(f"floe demo: Kafka did not start: {exc}", file=sys.stderr)
             return 1
@@ -186,14 +313,22 @@ class Demo:
             return 1
         finally:
             self.down()
-        out = write_report(self.run_dir / "report", steps, self.config_dict())
-        summary = summarize(steps)
-        self.say(
-            f"done: reward {summary.get('reward_first')} (first {summary.get('window')} steps) -> "
-            f"{summary.get('reward_last')} (last {summary.get('window')}) over {summary.get('steps')} steps"
-        )
+        agnostic = prompt_agnostic_best(eval_answers(self.cfg))
+        out = write_report(self.run_dir / "report", steps, self.config_dict(), rounds, agnostic)
+        summary = summarize(steps, rounds, agnostic)
+        if rounds:
+            self.say(
+                f"done: held-out solve rate {summary['eval_solve_rate_before']} -> {summary['eval_solve_rate_after']}"
+                f" over {summary['steps']} steps (a prompt-agnostic answer reaches at most {agnostic})"
+            )
+        else:
+            self.say(
+                f"done: reward {summary.get('reward_first')} (first {summary.get('window')} steps) -> "
+                f"{summary.get('reward_last')} (last {summary.get('window')}) over {summary.get('steps')} steps"
+            )
         print(f"report: {out}/README.md  plot: {out}/reward.png")
-        return 0 if len(steps) >= self.cfg.steps else 1
+        finished = len(rounds) >= self.cfg.eval_rounds and (bool(rounds) or len(steps) >= self.cfg.steps)
+        return 0 if finished else 1
 
     def config_dict(self) -> dict[str, Any]:
         return {**asdict(self.cfg), "run_dir": str(self.run_dir), "ports": self.ports}
@@ -214,43 +349,76 @@ class Demo:
         return env
 
     def init_model(self) -> None:
-        model = self.run_dir / "model"
-        if not (model / "config.json").exists():
+        """The policy's starting checkpoint: the cached SmolLM2 (fetched once, read-only) or a fresh tiny model."""
+        if self.cfg.model == "smollm2":
+            self.say("fetching SmolLM2-135M-Instruct (cached after the first run)")
+            out = subprocess.run(
+                [sys.executable, "-m", "floe", "model", "fetch", "smollm2-135m", "--json"],
+                check=True,
+                capture_output=True,
+                text=True,
+                env=self.base_env(),
+                timeout=1800,
+            )
+            self.model_dir = Path(json.loads(out.stdout)["path"])
+            return
+        self.model_dir = self.run_dir / "model"
+        if not (self.model_dir / "config.json").exists():
             self.say("creating the tiny dev model")
             subprocess.run(
-                [sys.executable, "-m", "floe", "inference", "init-model", "--out", str(model)],
+                [sys.executable, "-m", "floe", "inference", "init-model", "--out", str(self.model_dir)],
                 check=True,
                 stdout=subprocess.DEVNULL,
                 env=self.base_env(),
                 timeout=600,
             )
 
+    def run_specs(self) -> list[dict[str, Any]]:
+        """The rollout's runs: the training run and, when the workload has one, the held-out eval run."""
+        cfg = self.cfg
+        sampling = {"temperature": cfg.temperature, "top_p": 1.0, "max_tokens": cfg.max_tokens, "seed": None}
+        if cfg.workload == "swe":
+            sampling["max_tokens"] = 512
+        common = {
+            "harness": cfg.harness,
+            "sampling": sampling,
+            "model": "policy",
+            "agent_timeout_s": 600 if cfg.workload == "swe" else 120,
+            "session_timeout_s": 900 if cfg.workload == "swe" else 300,
+        }
+        runs: list[dict[str, Any]] = [
+            {"name": cfg.workload, "task_source": cfg.task_source, "group_size": cfg.group_size, **common}
+        ]
+        if cfg.eval_source is not None:
+            runs.append(
+                {
+                    "name": "heldout",
+                    "kind": "eval",
+                    "task_source": cfg.eval_source,
+                    "group_size": cfg.eval_samples,
+                    "every_steps": cfg.eval_every,
+                    "epochs": cfg.eval_rounds,
+                    **common,
+                }
+            )
+        return runs
+
     def services(self) -> list[ServiceSpec]:
         cfg, run, ports = self.cfg, self.run_dir, self.ports
-        sampling = {"temperature": cfg.temperature, "top_p": 1.0, "max_tokens": cfg.max_tokens, "seed": None}
-        if cfg.workload != "toy":
-            sampling["max_tokens"] = 512
-        runs = [
-            {
-                "name": cfg.workload,
-                "task_source": cfg.task_source,
-                "harness": cfg.harness,
-                "group_size": cfg.group_size,
-                "sampling": sampling,
-                "model": "policy",
-                "agent_timeout_s": 120 if cfg.workload == "toy" else 600,
-                "session_timeout_s": 300 if cfg.workload == "toy" else 900,
-            }
-        ]
+        runs = self.run_specs()
+        threads = {"OMP_NUM_THREADS": str(cfg.threads), "MKL_NUM_THREADS": str(cfg.threads)}
         specs = [
             ServiceSpec(
                 "inference",
                 python_module("inference"),
                 {
-                    "FLOE_INFERENCE_MODEL_DIR": str(run / "model"),
+                    "FLOE_INFERENCE_ENGINE": cfg.engine,
+                    "FLOE_INFERENCE_MODEL_DIR": str(self.model_dir),
                     "FLOE_INFERENCE_PORT": str(ports["inference"]),
                     "FLOE_INFERENCE_SEED": str(cfg.seed),
                     "FLOE_INFERENCE_ACCEPT_ANY_MODEL": "true",
+                    "FLOE_INFERENCE_THREADS": str(cfg.threads),
+                    **threads,
                 },
                 ready_url=f"http://127.0.0.1:{ports['inference']}/health",
             ),
@@ -262,7 +430,8 @@ class Demo:
                     "FLOE_GATEWAY_ENGINE_URLS": json.dumps([f"http://127.0.0.1:{ports['inference']}"]),
                     "FLOE_GATEWAY_SESSIONS_WORK_ROOT": str(self.sandbox_root / "sessions"),
                     "FLOE_GATEWAY_SESSIONS_NODE_ID": "demo-node-1",
-                    "FLOE_GATEWAY_SESSIONS_MAX_RUNNING": "4",
+                    # One-call answer agents mostly wait on the engine: more of them at once means bigger decode batches.
+                    "FLOE_GATEWAY_SESSIONS_MAX_RUNNING": "4" if cfg.workload == "swe" else "8",
                     "FLOE_GATEWAY_SESSIONS_MAX_PREPARING": "4",
                 },
                 ready_url=f"http://127.0.0.1:{ports['gateway']}/health",
@@ -276,7 +445,8 @@ class Demo:
                 "learner",
                 python_module("learner"),
                 {
-                    "FLOE_LEARNER_MODEL_DIR": str(run / "model"),
+                    **threads,
+                    "FLOE_LEARNER_MODEL_DIR": str(self.model_dir),
                     "FLOE_LEARNER_CHECKPOINT_DIR": str(run / "checkpoints"),
                     "FLOE_LEARNER_LR": str(cfg.lr),
                     "FLOE_LEARNER_KL_COEF": "0",
@@ -297,7 +467,8 @@ class Demo:
                     "FLOE_ROLLOUT_MAX_GROUPS_IN_FLIGHT": str(cfg.groups_per_step * 2),
                     "FLOE_ROLLOUT_MAX_OFF_POLICY_STEPS": str(cfg.max_off_policy_steps),
                     "FLOE_ROLLOUT_BUILDER": cfg.builder,
-                    "FLOE_ROLLOUT_DROP_ZERO_SIGNAL_GROUPS": "false",
+                    "FLOE_ROLLOUT_GROUP_SELECTION": cfg.group_selection,
+                    "FLOE_ROLLOUT_MAX_STEPS": str(cfg.steps),
                     "FLOE_ROLLOUT_CLAIM_URL": str(run / "rollout" / "batches"),
                     "FLOE_ROLLOUT_DATASET_DIR": str(run / "rollout" / "dataset"),
                     "FLOE_ROLLOUT_HTTP_PORT": str(ports["rollout"]),
@@ -331,7 +502,8 @@ class Demo:
         if dead:
             raise StackError(f"service(s) died: {', '.join(dead)}\n{self.stack.tail(dead[0])}")
 
-    def _record(self, step: int, event: WeightsPublished, stats: dict[str, float]) -> StepRecord:
+    def _record(self, step: int, event: WeightsPublished, stats: dict[str, float], seen: _Sessions) -> StepRecord:
+        train = seen.train_solve_rate(int(stats["rollout_step"]))
         return StepRecord(
             step=step,
             version=event.version,
@@ -342,18 +514,25 @@ class Demo:
             trainable_tokens=int(stats["trainable"]),
             loss=event.metrics.get("loss"),
             elapsed_s=time.monotonic() - self.started,
+            train_sessions=train[1],
+            train_solve_rate=train[0],
+            groups_dropped=int(stats["groups_dropped"]),
         )
 
-    async def watch(self) -> list[StepRecord]:
-        """Follow batches and weight versions until ``steps`` versions are published; one line per step."""
+    async def watch(self) -> tuple[list[StepRecord], list[EvalRound]]:
+        """Follow batches, weight versions and rewards until ``steps`` versions are published and every eval round is
+        graded; one line per step and per eval round."""
         from tqdm import tqdm
 
         cfg = self.cfg
         batches: dict[str, dict[str, float]] = {}  # batch id -> stats, until the learner publishes its version
         steps: list[StepRecord] = []
+        seen = _Sessions(self.eval_tasks() * cfg.eval_samples)
+        reported: set[int] = set()
+        skipped = 0
         deadline = time.monotonic() + cfg.timeout_s
         bar = tqdm(total=cfg.steps, desc="GRPO steps", unit="step", file=sys.stderr, dynamic_ncols=True)
-        topics: list[Topic[Any]] = [TRAJECTORY_BATCHES, WEIGHTS]
+        topics: list[Topic[Any]] = [TRAJECTORY_BATCHES, WEIGHTS, SESSIONS_REQUESTED, REWARDS]
         async with Consumer(self.kafka, topics, group_id=f"demo-{os.getpid()}") as consumer:
             # A pump task feeds a queue, so the loop can wake up every second to check deadlines and dead services
             # without cancelling the consumer's iterator.
@@ -365,7 +544,11 @@ class Demo:
 
             pumping = asyncio.create_task(pump())
             try:
-                while len(steps) < cfg.steps:
+                # Under ``drop`` a step whose groups were all dropped publishes no batch (the rollout counts it as
+                # skipped: ``steps.skipped_total``), so training ends after ``steps - skipped`` versions.
+                while len(steps) + skipped < cfg.steps or len(seen.complete_rounds()) < cfg.eval_rounds:
+                    if cfg.eval_rounds and len(seen.complete_rounds()) >= cfg.eval_rounds:
+                        break  # the last round is gated on the last step: training is over, skipped steps and all
                     self._check(deadline, len(steps))
                     if pumping.done():
                         pumping.result()  # re-raise what stopped the consumer
@@ -377,26 +560,109 @@ class Demo:
                     event = msg.event
                     if isinstance(event, TrajectoryBatch):
                         batches[event.batch_id] = _batch_stats(event)
+                        skipped = max(skipped, int(event.metrics.get("steps.skipped_total", 0)))
                     elif isinstance(event, WeightsPublished) and event.batch_id in batches:
-                        record = self._record(len(steps) + 1, event, batches.pop(event.batch_id))
-                        steps.append(record)
-                        bar.update(1)
-                        bar.write(_status_line(record))
+                        if len(steps) < cfg.steps:
+                            record = self._record(len(steps) + 1, event, batches.pop(event.batch_id), seen)
+                            steps.append(record)
+                            bar.update(1)
+                            bar.write(_status_line(record))
+                    elif isinstance(event, SessionRequested | RewardPublished):
+                        seen.add(event)
+                        for r in seen.complete_rounds():
+                            if r.round not in reported:
+                                reported.add(r.round)
+                                bar.write(_eval_line(r, time.monotonic() - self.started))
             finally:
                 pumping.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await pumping
         bar.close()
-        return steps
+        return steps, seen.complete_rounds()
+
+    def eval_tasks(self) -> int:
+        return len(eval_answers(self.cfg))
+
+
+def eval_answers(cfg: DemoConfig) -> list[str]:
+    if cfg.eval_source is None:
+        return []
+    from floe_tasks import TaskSet
+
+    return [t.answer or "" for t in TaskSet.from_source(cfg.eval_source)]
+
+
+class _Sessions:
+    """Requests and rewards off the topics, joined by session id (the two topics arrive in no particular order)."""
+
+    def __init__(self, round_size: int) -> None:
+        self.round_size = round_size
+        self.requests: dict[str, SessionRequested] = {}
+        self.rewards: dict[str, RewardPublished] = {}
+
+    def add(self, event: SessionRequested | RewardPublished) -> None:
+        store: dict[str, Any] = self.requests if isinstance(event, SessionRequested) else self.rewards
+        store.setdefault(event.session_id, event)  # redeliveries change nothing: the first copy wins
+
+    def _graded(self, kind: SessionKind) -> list[tuple[SessionRequested, RewardPublished]]:
+        return [
+            (req, self.rewards[sid]) for sid, req in self.requests.items() if req.kind is kind and sid in self.rewards
+        ]
+
+    def train_solve_rate(self, rollout_step: int) -> tuple[float | None, int]:
+        """Solved fraction of every graded train session requested for this rollout step, dropped groups included
+        (a batch under group selection holds only groups with signal, so its own solve rate is biased)."""
+        graded = [
+            rew
+            for req, rew in self._graded(SessionKind.TRAIN)
+            if req.rollout_step == rollout_step and rew.outcome is not Outcome.ERROR
+        ]
+        if not graded:
+            return None, 0
+        return sum(r.resolved for r in graded) / len(graded), len(graded)
+
+    def complete_rounds(self) -> list[EvalRound]:
+        by_round: dict[int, list[RewardPublished]] = {}
+        for req, rew in self._graded(SessionKind.EVAL):
+            by_round.setdefault(int(req.metadata.get("eval_round", "0")), []).append(rew)
+        out: list[EvalRound] = []
+        for r in sorted(by_round):
+            rewards = by_round[r]
+            if len(rewards) < self.round_size:
+                continue
+            ok = [x for x in rewards if x.outcome is not Outcome.ERROR]
+            at = next(
+                int(req.metadata.get("eval_at_version", "0"))
+                for req, _ in self._graded(SessionKind.EVAL)
+                if int(req.metadata.get("eval_round", "0")) == r
+            )
+            out.append(
+                EvalRound(
+                    round=r,
+                    at_version=at,
+                    sessions=len(rewards),
+                    errors=len(rewards) - len(ok),
+                    solve_rate=sum(x.resolved for x in ok) / len(ok) if ok else None,
+                )
+            )
+        return out
 
 
 def _status_line(r: StepRecord) -> str:
     loss = f"{r.loss:+.4f}" if r.loss is not None else "n/a"
+    train = "  n/a " if r.train_solve_rate is None else f"{100 * r.train_solve_rate:5.1f}%"
     return (
-        f"step {r.step:3d}  v{r.version:<3d} sessions {r.sessions:3d}  reward {r.reward_mean:.3f} ± {r.reward_std:.3f}"
-        f"  solved {100 * r.resolved_fraction:5.1f}%  trainable {r.trainable_tokens:5d}  loss {loss}  "
-        f"t={r.elapsed_s:.0f}s"
+        f"step {r.step:3d}  v{r.version:<3d} train solved {train} of {r.train_sessions:3d}  batch: {r.sessions:3d} "
+        f"sessions, reward {r.reward_mean:.3f} ± {r.reward_std:.3f}, {r.groups_dropped} groups dropped, "
+        f"trainable {r.trainable_tokens:5d}, loss {loss}  t={r.elapsed_s:.0f}s"
     )
+
+
+def _eval_line(r: EvalRound, elapsed_s: float) -> str:
+    rate = "n/a" if r.solve_rate is None else f"{100 * r.solve_rate:5.1f}%"
+    errors = f" ({r.errors} infrastructure errors, not counted)" if r.errors else ""
+    where = "before step 1" if r.at_version == 0 else f"after step {r.at_version}"
+    return f"eval round {r.round} ({where}): held-out solved {rate} of {r.sessions}{errors}  t={elapsed_s:.0f}s"
 
 
 def _batch_stats(batch: TrajectoryBatch) -> dict[str, float]:
@@ -419,4 +685,6 @@ def _batch_stats(batch: TrajectoryBatch) -> dict[str, float]:
         "reward_std": std,
         "resolved": sum(1 for v in values if v >= 1.0) / len(values),
         "trainable": float(trainable),
+        "rollout_step": float(batch.step),
+        "groups_dropped": batch.metrics.get("groups.dropped_zero_signal", 0.0),
     }
