@@ -70,7 +70,7 @@ test-unit: deps  ## unit tests only: no broker needed
 bench: bootstrap  ## run every benchmark; each prints its ratios side by side
 	@set -e; for b in bench/*/run.py; do echo "== $$b"; $(PY) $$b; done
 
-demo: bootstrap  ## the main job on the embedded default: local Kafka, CPU engine, tiny model, bundled tasks
+demo: bootstrap  ## the main job: local Kafka, CPU engine, real SmolLM2-135M-Instruct, GRPO on count tasks, held-out eval
 	.venv/bin/floe demo
 
 kafka-up: deps kafka-jars  ## start the local broker (state in .floe/)

@@ -36,7 +36,7 @@ def run_dir() -> Iterator[Path]:
 
 def test_a_short_demo_raises_the_held_out_solve_rate_of_the_real_model(real_model_dir: Path, run_dir: Path) -> None:
     cfg = DemoConfig.for_model(
-        "smollm2", steps=STEPS, eval_every=STEPS, eval_samples=1, dashboard=False, run_dir=run_dir, timeout_s=900
+        "smollm2", steps=STEPS, eval_every=STEPS, eval_samples=1, dashboard=False, run_dir=run_dir, timeout_s=1800
     )
     demo = Demo(cfg)
     try:
@@ -45,7 +45,9 @@ def test_a_short_demo_raises_the_held_out_solve_rate_of_the_real_model(real_mode
         steps, rounds = asyncio.run(demo.watch())
     finally:
         demo.down()
-    assert [s.version for s in steps] == list(range(1, STEPS + 1))
+    # Group selection ``drop``: a step whose groups all carried no signal publishes no version (skipped).
+    versions = [s.version for s in steps]
+    assert versions == sorted(set(versions)) and 1 <= len(steps) <= STEPS
     assert [(r.round, r.at_version) for r in rounds] == [(0, 0), (1, STEPS)]
     assert all(r.sessions == 40 and r.errors == 0 for r in rounds), rounds
     before, after = rounds[0].solve_rate, rounds[1].solve_rate
@@ -55,7 +57,7 @@ def test_a_short_demo_raises_the_held_out_solve_rate_of_the_real_model(real_mode
     # Measured on this machine kind: about 0.03 -> 0.5 after five steps; 0.2 leaves room for sampling noise.
     assert after - before >= 0.2, f"held-out solve rate {before} -> {after}"
     assert after > agnostic + 0.15
-    # Every step trained on groups with signal (refill), and the dropped ones are counted, not hidden.
+    # Every step trained on groups with signal, and the dropped ones are counted, not hidden.
     assert all(s.trainable_tokens > 0 for s in steps)
     summary = json.loads(
         (write_report(run_dir / "report", steps, demo.config_dict(), rounds, agnostic) / "summary.json").read_text()
