@@ -431,7 +431,7 @@ class Demo:
                     "FLOE_GATEWAY_ENGINE_URLS": json.dumps([f"http://127.0.0.1:{ports['inference']}"]),
                     "FLOE_GATEWAY_SESSIONS_WORK_ROOT": str(self.sandbox_root / "sessions"),
                     "FLOE_GATEWAY_SESSIONS_NODE_ID": "demo-node-1",
-                    # One-call answer agents mostly wait on the engine: more of them at once means bigger decode batches.
+                    # One-call answer agents mostly wait on the engine: more at once means bigger decode batches.
                     "FLOE_GATEWAY_SESSIONS_MAX_RUNNING": "4" if cfg.workload == "swe" else "8",
                     "FLOE_GATEWAY_SESSIONS_MAX_PREPARING": "4",
                 },

@@ -11,8 +11,8 @@ from floe_tasks.taskset import BUNDLED_DIR, COUNT_DIR, NAMED_SETS, TOY_DIR, Task
 
 __all__ = [
     "BUNDLED_DIR",
-    "DEFAULT_TEST_CMD",
     "COUNT_DIR",
+    "DEFAULT_TEST_CMD",
     "NAMED_SETS",
     "TOY_DIR",
     "MaterializeError",

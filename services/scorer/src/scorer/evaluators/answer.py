@@ -82,9 +82,9 @@ def grade_answer(task: Task, diff: str) -> tuple[bool, str]:
 def score_answer(task: Task, diff: str) -> tuple[float, bool, str]:
     """Reward of an ``answer`` task: (reward, correct, reason).
 
-    ``answer_credit="exact"`` / ``"first_number"``: 1 if correct, else 0. ``"digits"`` (the demo's toy tasks) adds partial credit so a tiny
-    random model has a dense enough signal: a wrong answer earns 0.5 x the fraction of its characters that are digits
-    (an empty answer earns 0). A correct answer always earns 1.
+    ``answer_credit="exact"`` / ``"first_number"``: 1 if correct, else 0. ``"digits"`` (the tiny model's toy tasks)
+    adds partial credit so a tiny random model has a dense enough signal: a wrong answer earns 0.5 x the fraction of
+    its characters that are digits (an empty answer earns 0). A correct answer always earns 1.
     """
     correct, reason = grade_answer(task, diff)
     if correct or task.answer_credit != "digits":
