@@ -86,7 +86,7 @@ class ModelPreset:
 
 PRESETS: dict[str, ModelPreset] = {
     "smollm2": ModelPreset(
-        "count", steps=10, group_size=8, groups_per_step=4, lr=5e-5, eval_every=5, threads=2, group_selection="drop"
+        "count", steps=10, group_size=8, groups_per_step=4, lr=5e-5, eval_every=5, threads=2, group_selection="off"
     ),
     "tiny": ModelPreset(
         "toy", steps=20, group_size=8, groups_per_step=2, lr=2e-2, eval_every=0, threads=1, group_selection="off"
@@ -114,7 +114,7 @@ class DemoConfig:
     temperature: float = 1.0
     max_off_policy_steps: int = 2
     builder: str = "prefix_merging"
-    group_selection: str = "drop"
+    group_selection: str = "off"
     eval_every: int = 5
     eval_samples: int = 1
     threads: int = 2
@@ -188,9 +188,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--group-selection",
         choices=["off", "drop", "refill"],
         default=None,
-        help="groups whose rewards are all equal carry no signal: keep them (off), drop them (drop, smollm2's default: "
-        "a step with no signal left is skipped), or drop them and sample replacements (refill: full batches, more "
-        "sessions per step)",
+        help="groups whose rewards are all equal carry no signal: keep them (off, the default), drop them (drop: a step "
+        "with no signal left is skipped), or drop them and sample replacements (refill: more sessions per step)",
     )
     p.add_argument("--eval-every", type=int, default=None, help="held-out eval every N steps (0: none)")
     p.add_argument("--eval-samples", type=int, default=None, help="samples per held-out task and eval round")
