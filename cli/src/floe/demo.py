@@ -188,8 +188,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--group-selection",
         choices=["off", "drop", "refill"],
         default=None,
-        help="groups whose rewards are all equal carry no signal: keep them (off, the default), drop them (drop: a step "
-        "with no signal left is skipped), or drop them and sample replacements (refill: more sessions per step)",
+        help="groups whose rewards are all equal carry no signal: keep them (off, the default), drop them (drop: a "
+        "step with no signal left is skipped), or drop them and sample replacements (refill: more sessions per step)",
     )
     p.add_argument("--eval-every", type=int, default=None, help="held-out eval every N steps (0: none)")
     p.add_argument("--eval-samples", type=int, default=None, help="samples per held-out task and eval round")
