@@ -15,10 +15,10 @@ Prints tokens processed, trainable tokens, wall-clock per step and the ratio. De
 ``--recordings DIR`` trains instead on recorded harness sessions (``bench/recordings``: real CLIs through the real
 gateway): each session is rebuilt by ``rollout.builders`` (``per_request`` and ``prefix_merging``), turned into
 ``contracts.TrajectoryRow`` rows (advantage +1/-1 alternating by session, session_weight 1/num_traces), and the
-learner trains on all selected sessions in one batch per form. The model uses the recordings' vocabulary (the dev
-tokenizer, 2048). Default selection ``--harness pi --mode exact`` keeps the run under ~3 minutes on 2 shared cores
-(Codex's 16k and Claude Code's ~50k-token prompts make a per_request step take many minutes on CPU; select them
-explicitly).
+learner trains on all selected sessions in one batch per form. The model's vocabulary covers the recordings' ids
+(SmolLM2's tokenizer: 49152; the dev tokenizer's 2048 for older recordings). Default selection ``--harness pi
+--mode exact`` keeps the run short on 2 shared cores (Codex's 16k and Claude Code's ~50k-token prompts make a
+per_request step take many minutes on CPU; select them explicitly).
 
     .venv/bin/python bench/learner/run.py --recordings bench/recordings/data [--harness pi codex] [--mode exact]
 
@@ -30,6 +30,10 @@ allocates the AdamW state) and the time and size of one checkpoint. One configur
 RSS is its own; the services/learner README has the numbers.
 
     .venv/bin/python bench/learner/run.py --real-model [--rows 8] [--seq-len 256] [--grad-ckpt] [--no-kl] [--bf16]
+
+``--prompt-len N`` makes the first N tokens of each row the prompt (default half); the demo's shape is
+``--rows 32 --seq-len 51 --prompt-len 45``. ``--all-positions`` computes the lm_head and log-softmax at every
+position, as the learner did before it scored only the trained targets (``learner.model.target_logprobs``).
 """
 
 from __future__ import annotations
@@ -55,7 +59,15 @@ from contracts import TrajectoryRow, to_ipc
 from eventbus import configure_logging
 from learner import Learner, LearnerSettings
 
-RECORDED_VOCAB = 2048  # the dev tokenizer's (``floe inference init-model``), which the recordings use
+RECORDED_VOCAB = 2048  # at least: the dev tokenizer's (``floe inference init-model``), which the first recordings used
+
+
+def recorded_vocab(recs: dict[Any, list[list[Any]]]) -> int:
+    """The tiny model's vocabulary for these recordings: every recorded id must embed (SmolLM2's reach 49152)."""
+    top = max(
+        max([*c.prompt_token_ids, *c.completion_token_ids], default=0) for v in recs.values() for s in v for c in s
+    )
+    return max(RECORDED_VOCAB, top + 1)
 
 
 def recorded_rows(sessions: list[list[Any]], builder: str, harness: str) -> list[TrajectoryRow]:
@@ -99,6 +111,7 @@ def run_recorded(args: argparse.Namespace) -> None:
     chosen = {k: v for k, v in recs.items() if k[0] in args.harness and k[1] in args.mode}
     if not chosen:
         raise SystemExit(f"no recordings for harness {args.harness} / mode {args.mode} in {args.recordings}")
+    vocab = recorded_vocab(chosen)
     batches = {
         form: to_ipc([row for (h, _m), sess in chosen.items() for row in recorded_rows(sess, form, h)])
         for form in ("per_request", "prefix_merging")
@@ -111,7 +124,7 @@ def run_recorded(args: argparse.Namespace) -> None:
         root = Path(tmp)
         model_dir = save_tiny_model(
             root / "model",
-            vocab_size=RECORDED_VOCAB,
+            vocab_size=vocab,
             num_heads=4,
             num_kv_heads=2,
             hidden_size=args.hidden,
@@ -142,7 +155,7 @@ def run_recorded(args: argparse.Namespace) -> None:
     n_sessions = sum(len(v) for v in chosen.values())
     n_calls = sum(len(s) for v in chosen.values() for s in v)
     print(f"\nlearner on recordings {sorted(chosen)}: {n_sessions} sessions, {n_calls} calls; model hidden "
-          f"{args.hidden} x {args.layers} layers, vocab {RECORDED_VOCAB}; {args.steps} step(s), "
+          f"{args.hidden} x {args.layers} layers, vocab {vocab}; {args.steps} step(s), "
           f"CPU threads={args.threads}")  # fmt: skip
     print(f"{'form':<16}{'s/step':>10}{'tokens/step':>14}{'trainable':>12}{'micro-b.':>10}{'tokens/s':>12}")
     for form, (t, tok, tr, mb) in results.items():
@@ -158,8 +171,9 @@ def _proc_status_kib(field: str) -> int:
     raise RuntimeError(f"no {field} in /proc/self/status")
 
 
-def real_rows(model_dir: Path, rows: int, seq_len: int) -> list[TrajectoryRow]:
-    """``rows`` sequences of exactly ``seq_len`` ids from the model's own tokenizer: chat-templated source code."""
+def real_rows(model_dir: Path, rows: int, seq_len: int, prompt_len: int | None = None) -> list[TrajectoryRow]:
+    """``rows`` sequences of exactly ``seq_len`` ids from the model's own tokenizer: chat-templated source code,
+    the first ``prompt_len`` (default half) of them the prompt."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(model_dir))
@@ -169,7 +183,7 @@ def real_rows(model_dir: Path, rows: int, seq_len: int) -> list[TrajectoryRow]:
         corpus += tok.encode(f.read_text())
         if len(corpus) > rows * seq_len:
             break
-    half = seq_len // 2
+    half = seq_len // 2 if prompt_len is None else prompt_len
     eos = tok.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in tok.get_vocab() else tok.eos_token_id
     out = []
     for i in range(rows):
@@ -196,7 +210,14 @@ def run_real(args: argparse.Namespace) -> None:
         from inference.settings import CacheSettings
 
         args.model_dir = fetch_model("smollm2-135m", CacheSettings().cache).path
-    data = to_ipc(real_rows(args.model_dir, args.rows, args.seq_len))
+    data = to_ipc(real_rows(args.model_dir, args.rows, args.seq_len, args.prompt_len))
+    if args.all_positions:
+        import functools
+
+        from learner import model as learner_model
+        from learner import train as learner_train
+
+        learner_train.target_logprobs = functools.partial(learner_model.target_logprobs, all_positions=True)
     warm = to_ipc(real_rows(args.model_dir, 2, 32))
     with tempfile.TemporaryDirectory(prefix="floe-bench-learner-real-") as tmp:
         settings = LearnerSettings(
@@ -229,7 +250,8 @@ def run_real(args: argparse.Namespace) -> None:
     rows = [
         ("load average (1 min) at the end", f"{os.getloadavg()[0]:.1f}"),
         ("model", f"{args.model_dir} ({n_params / 1e6:.1f} M params)"),
-        ("batch", f"{args.rows} rows x {args.seq_len} tokens (half trainable), one micro-batch"),
+        ("batch", f"{args.rows} rows x {args.seq_len} tokens ({args.prompt_len or 'half'} prompt), one micro-batch"),
+        ("logits at", "every position" if args.all_positions else "trained targets only"),
         ("dtype / grad ckpt / KL ref", f"{'bf16 autocast' if learner.bf16 else 'fp32'} / {args.grad_ckpt} / "
                                        f"{not args.no_kl}"),
         ("CPU threads", f"{torch.get_num_threads()}"),
@@ -269,6 +291,8 @@ def main() -> None:
     parser.add_argument("--model-dir", type=Path, default=None, help="with --real-model: an HF causal LM directory")
     parser.add_argument("--rows", type=int, default=8, help="with --real-model")
     parser.add_argument("--seq-len", type=int, default=256, help="with --real-model")
+    parser.add_argument("--prompt-len", type=int, default=None, help="with --real-model: prompt tokens per row")
+    parser.add_argument("--all-positions", action="store_true", help="with --real-model: logits at every position")
     parser.add_argument("--grad-ckpt", action="store_true", help="with --real-model: gradient checkpointing")
     parser.add_argument("--no-kl", action="store_true", help="with --real-model: no KL reference forward")
     parser.add_argument("--bf16", action="store_true", help="with --real-model: bf16 autocast on the CPU")

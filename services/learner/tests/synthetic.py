@@ -10,6 +10,7 @@ under ``bench/learner*`` put this directory on ``sys.path`` and ``import synthet
 - ``per_request_rows`` / ``prefix_merging_rows``: the two trajectory forms of the same sessions (polar.md §3.2 and
   §3.3): one row per call with its full prompt, or one merged row per session chain whose tool/template tokens
   are masked. Rows are ``contracts.TrajectoryRow``.
+- ``masked_micro_batch``: a padded ``learner.data.MicroBatch`` of random ids trained on its completions only.
 
 Limits: token ids and logprobs are random, not sampled from a model; use them for speed and plumbing, never to
 claim learning. Chains never break here (real prefix merging may split a session into several chains).
@@ -24,9 +25,11 @@ from pathlib import Path
 import torch
 
 from contracts import TrajectoryRow, group_advantages
+from learner.data import MicroBatch
 
 __all__ = [
     "SyntheticCall",
+    "masked_micro_batch",
     "per_request_rows",
     "prefix_merging_rows",
     "save_tiny_model",
@@ -66,6 +69,33 @@ def save_tiny_model(
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out))
     return out
+
+
+def masked_micro_batch(rows: list[tuple[int, int]], vocab_size: int, holes: bool = False, seed: int = 0) -> MicroBatch:
+    """A right-padded micro-batch of random ids, one row per ``(prompt_len, completion_len)``, trained on the
+    completion only (as ``data.microbatches`` builds it); ``holes`` also masks every third completion token."""
+    gen = torch.Generator().manual_seed(seed)
+    b, t = len(rows), max(p + c for p, c in rows)
+    ids = torch.zeros(b, t, dtype=torch.int64)
+    attention = torch.zeros(b, t, dtype=torch.int64)
+    mask = torch.zeros(b, t - 1, dtype=torch.bool)
+    for j, (p, c) in enumerate(rows):
+        ids[j, : p + c] = torch.randint(2, vocab_size, (p + c,), generator=gen)
+        attention[j, : p + c] = 1
+        mask[j, p - 1 : p + c - 1] = True  # target i is predicted at position i - 1
+        if holes:
+            mask[j, p - 1 : p + c - 1 : 3] = False
+    weights = mask / mask.sum().clamp(min=1)
+    return MicroBatch(
+        input_ids=ids,
+        attention_mask=attention,
+        mask=mask,
+        behav_logprobs=torch.where(mask, -1.0, 0.0),
+        advantages=torch.ones(b, t - 1),
+        weights=weights,
+        versions=torch.where(mask, 0, -1),
+        num_tokens=int(attention.sum()),
+    )
 
 
 def trajectory_row(

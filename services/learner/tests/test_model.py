@@ -1,4 +1,5 @@
-"""``learner.model``: the hand-written log-softmax backward equals autograd's, and the dtype rule."""
+"""``learner.model``: the hand-written log-softmax backward equals autograd's, the trained-rows-only path equals
+the all-positions path (values and gradients), and the dtype rule."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import torch
 
 from learner import model as model_mod
 from learner.data import MicroBatch
-from learner.model import autocast, target_logprobs
+from learner.model import autocast, load_causal_lm, target_logprobs
+
+from .synthetic import masked_micro_batch
 
 
 class _Logits(torch.nn.Module):
@@ -57,6 +60,54 @@ def test_target_logprobs_and_gradient_equal_autograd_log_softmax(monkeypatch, te
     torch.testing.assert_close(lp.double(), ref_lp, rtol=0, atol=1e-5)  # forward runs in fp32
     torch.testing.assert_close(ours.logits.grad, ref.grad, rtol=0, atol=1e-6)
     assert torch.all(ours.logits.grad[:, -1] == 0), "the last position has no target"
+
+
+def assert_paths_agree(model, mb, temperature=1.0, lp_atol=1e-5, grad_tol=1e-4):
+    """Trained rows only (the default) == all positions, at the trained targets: the logprobs, 0 elsewhere, and every
+    parameter's gradient of a random weighting of them (to ``grad_tol`` times that gradient's largest entry); and
+    the lm_head really saw only the trained rows."""
+    mask = mb.mask
+    upstream = torch.randn(mask.shape, generator=torch.Generator().manual_seed(1))
+    rows = []
+    hook = model.get_output_embeddings().register_forward_hook(lambda _m, args, _o: rows.append(args[0].shape[:-1]))
+    results = {}
+    try:
+        for all_positions in (True, False):
+            model.zero_grad(set_to_none=True)
+            lp = target_logprobs(model, mb, temperature, all_positions=all_positions)
+            torch.where(mask, lp * upstream, 0.0).sum().backward()
+            grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+            results[all_positions] = (lp.detach(), grads)
+    finally:
+        hook.remove()
+    (full, full_grads), (sel, sel_grads) = results[True], results[False]
+    b, t = mb.input_ids.shape
+    assert rows == [(b, t), (int(mask.sum()),)], rows
+    assert sel.shape == full.shape == (b, t - 1) and sel.dtype == torch.float32
+    assert torch.all(sel[~mask] == 0)
+    torch.testing.assert_close(sel[mask], full[mask], rtol=0, atol=lp_atol)
+    assert sel_grads.keys() == full_grads.keys() and len(sel_grads) == len(list(model.parameters()))
+    for name, g in full_grads.items():
+        scale = float(g.abs().max()) or 1.0
+        torch.testing.assert_close(sel_grads[name], g, rtol=0, atol=grad_tol * scale, msg=name)
+
+
+@pytest.mark.parametrize("grad_ckpt", [False, True])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_trained_rows_only_equal_all_positions_values_and_gradients(tiny_model_dir, grad_ckpt, temperature):
+    model = load_causal_lm(tiny_model_dir, torch.device("cpu"), gradient_checkpointing=grad_ckpt).train()
+    mb = masked_micro_batch([(5, 3), (9, 6), (2, 1), (7, 4)], vocab_size=64, holes=True)
+    assert_paths_agree(model, mb, temperature)
+
+
+def test_a_micro_batch_without_trained_targets_backpropagates_zeros(tiny_model_dir):
+    model = load_causal_lm(tiny_model_dir, torch.device("cpu")).train()
+    mb = masked_micro_batch([(4, 3), (6, 2)], vocab_size=64)
+    mb = MicroBatch(**{**mb.__dict__, "mask": torch.zeros_like(mb.mask)})  # as data._empty pads ranks
+    lp = target_logprobs(model, mb)
+    assert torch.all(lp == 0) and lp.requires_grad
+    (lp * mb.weights).sum().backward()
+    assert all(p.grad is not None and torch.all(p.grad == 0) for p in model.parameters())
 
 
 def test_bf16_autocast_only_when_asked():

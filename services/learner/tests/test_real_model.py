@@ -17,8 +17,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from contracts import to_ipc
 from learner import CheckpointMismatchError, Learner, LearnerSettings, train_files
+from learner.model import load_causal_lm
 
-from .synthetic import per_request_rows, synthetic_sessions, trajectory_row
+from .synthetic import masked_micro_batch, per_request_rows, synthetic_sessions, trajectory_row
+from .test_model import assert_paths_agree
 
 QUESTIONS = [("What is 2+3?", "5", 1.0), ("What is 2+3?", "six", -1.0), ("What is 4+4?", "8", 0.5)]
 
@@ -96,6 +98,18 @@ def test_one_step_changes_the_weights_and_the_checkpoint_reloads_to_the_same_log
         engine = load_checkpoint(path)
         assert engine.version == 1
         torch.testing.assert_close(engine.model(input_ids=ids).logits, expected_logits, rtol=0, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_trained_rows_only_equal_all_positions_on_smollm2(real_model_dir):
+    """The demo's shape (~45-token prompts, a few sampled tokens): the tied head's rows and every gradient agree."""
+    model = load_causal_lm(real_model_dir, torch.device("cpu")).train()
+    assert model.get_output_embeddings().weight is model.get_input_embeddings().weight, "SmolLM2 ties them"
+    mb = masked_micro_batch([(45, 6), (47, 4), (41, 6)], vocab_size=49152, holes=True)
+    # Bit-identical with one thread; with two, the (N, 576) x (576, 49152) head matmul splits its work differently
+    # from the (B*T)-row one: logprobs (up to 24 in size) then differ by up to 1.5e-5, gradients by 1.4e-4 of their
+    # largest entry (a norm weight's, 30 layers down): fp32 rounding.
+    assert_paths_agree(model, mb, temperature=0.7, lp_atol=1e-4, grad_tol=1e-3)
 
 
 def test_resuming_a_checkpoint_of_another_architecture_is_refused_naming_both(real_model_dir, tiny_model_dir, tmp_path):

@@ -9,20 +9,27 @@ below bf16's resolution, 2^-8 relative, and would round away). Compute is bf16 o
 mixed precision) and fp32 on CPU, where a bf16 step was 7.4x slower (SmolLM2, AVX2, no AVX-512); the learner's
 ``bf16`` setting overrides the device default either way.
 
-Limits: the full ``(B, T, V)`` logits of a micro-batch are materialised (the model's output dtype), and backward adds
-one gradient buffer of the same size; size the micro-batch token budget for that (fp32, 8k tokens: ``V`` = 152k for
-Qwen ~ 5 GB, SmolLM2's 49k ~ 1.6 GB). The log-softmax itself runs in fp32 chunks of ~256 MB.
+Only trained targets get logits: the model is asked for the lm_head rows of ``mb.mask`` alone (``logits_to_keep``
+as a bool mask), so prompt, padding and masked positions cost the decoder layers but neither the ``V``-wide head
+nor the log-softmax (for the demo's 45-token prompts + 6 sampled tokens, 6 of 51 rows).
+
+Limits: the ``(N, V)`` logits of a micro-batch's N trained targets are materialised (the model's output dtype), and
+backward adds one gradient buffer of the same size; size the micro-batch token budget for that (fp32, 8k trained
+tokens: ``V`` = 152k for Qwen ~ 5 GB, SmolLM2's 49k ~ 1.6 GB). The log-softmax itself runs in fp32 chunks of
+~256 MB. On transformers 4 (no bool ``logits_to_keep``) every position's logits are computed, as before.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
 from learner.data import MicroBatch
@@ -50,16 +57,60 @@ def autocast(device: torch.device, bf16: bool) -> contextlib.AbstractContextMana
     return contextlib.nullcontext()
 
 
-def target_logprobs(model: nn.Module, mb: MicroBatch, temperature: float = 1.0) -> Tensor:
-    """log pi(input_ids[:, t+1] | input_ids[:, :t+1]) for every position: shape (B, T-1), fp32."""
+def target_logprobs(model: nn.Module, mb: MicroBatch, temperature: float = 1.0, all_positions: bool = False) -> Tensor:
+    """log pi(input_ids[:, t+1] | input_ids[:, :t+1]): shape (B, T-1), fp32.
+
+    By default only at the trained targets (``mb.mask``) and 0 elsewhere: the loss, its statistics, the proximal
+    and the reference logprobs are all read through that mask (``grpo.policy_loss``), so the lm_head and the
+    log-softmax run on those rows only. ``all_positions=True`` (or a model that cannot slice, see
+    ``_slices_logits``) computes every position's logits.
+    """
+    b, t = mb.input_ids.shape
+    if not all_positions and _slices_logits(model):
+        mask = mb.mask.bool()  # (B, T-1)
+        keep = torch.cat([mask, mask.new_zeros(b, 1)], dim=1)  # (B, T): the last position has no target
+        # transformers applies the model's own head (lm_head, and any logit scaling or soft-capping after it) to
+        # hidden_states[keep] only: (N, V) logits, N = mask.sum(). Through the model's forward, not its base model
+        # + get_output_embeddings(), so DDP's and FSDP2's forward hooks run as usual.
+        out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False, logits_to_keep=keep)
+        logits = out.logits
+        n = int(mask.sum())
+        assert logits.ndim == 2 and logits.shape[0] == n, f"logits_to_keep ignored: {tuple(logits.shape)}, {n} rows"
+        flat: Tensor = _TargetLogprobs.apply(logits, mb.input_ids[:, 1:][mask], temperature)  # (N,) fp32
+        return flat.new_zeros(b, t - 1).masked_scatter(mask, flat)
     out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
     logits = out.logits  # (B, T, V)
-    b, t, v = logits.shape
+    v = logits.shape[-1]
     # The full T positions, not logits[:, :-1]: a slice would be copied to flatten it and padded back in backward
     # (two more logits-sized tensors); the last position's target is a dummy 0 and its value is dropped.
     targets = torch.cat([mb.input_ids[:, 1:], mb.input_ids.new_zeros(b, 1)], dim=1)  # (B, T)
-    flat: Tensor = _TargetLogprobs.apply(logits.reshape(b * t, v), targets.reshape(b * t), temperature)  # (B*T,)
-    return flat.view(b, t)[:, :-1]
+    full: Tensor = _TargetLogprobs.apply(logits.reshape(b * t, v), targets.reshape(b * t), temperature)  # (B*T,)
+    return full.view(b, t)[:, :-1]
+
+
+def _slices_logits(model: nn.Module) -> bool:
+    """Whether ``model(..., logits_to_keep=<(B, T) bool mask>)`` returns the (N, V) logits of the kept positions.
+
+    transformers >= 5 routes ``logits_to_keep`` through ``modeling_utils.slice_logits_to_keep``, which takes a bool
+    mask, in every causal LM's forward (Llama, Qwen2, Gemma2's soft-capped head, ...): the hidden states are sliced
+    before the head, so the kept logits are the full path's rows. transformers 4 slices ``hidden[:, keep, :]``,
+    which a (B, T) mask would break: there, and for modules that are not a transformers model (test doubles), the
+    full path.
+    """
+    inner = getattr(model, "module", model)  # DDP wraps; FSDP2 shards in place
+    if not isinstance(inner, PreTrainedModel) or not _mask_slicing():
+        return False
+    return "logits_to_keep" in inspect.signature(inner.forward).parameters  # tens of us, next to a forward pass
+
+
+@functools.cache
+def _mask_slicing() -> bool:
+    try:
+        from transformers.modeling_utils import slice_logits_to_keep
+    except ImportError:
+        return False
+    probe = slice_logits_to_keep(torch.zeros(2, 3, 1), torch.tensor([[True, False, False], [False, True, True]]))
+    return tuple(probe.shape) == (3, 1)
 
 
 # Rows of the (N, V) logits turned into fp32 at a time: bounds the temporaries to ~256 MB whatever the vocabulary.
