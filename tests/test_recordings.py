@@ -1,7 +1,8 @@
 """The recorded harness sessions (``bench/recordings/data``) decode with ``contracts`` and rebuild consistently.
 
-Recordings are real CLIs (pi, Codex, Claude Code, Qwen Code, Gemini CLI) through the real gateway against a scripted
-engine (``bench/recordings/record.py``). For every session, both trajectory builders must carry exactly the
+Recordings are real CLIs (pi, Codex, Claude Code, Qwen Code, Gemini CLI, OpenCode, mini-swe-agent) through the real
+gateway against a scripted engine behind the real inference app, with the real SmolLM2-135M-Instruct tokenizer and
+chat template (``bench/recordings/record.py``). For every session, both trajectory builders must carry exactly the
 recorded sampled tokens with their sampling logprobs (token faithfulness), and in exact mode prefix merging must
 find every chain the gateway built: zero chain-check failures, except where the harness itself rewrote the model's
 previous answer in its history (Claude Code normalises Bash commands and adds ``replace_all`` to Edit calls); such a
@@ -21,7 +22,8 @@ from contracts import ModelCallRecorded
 from rollout.builders import build_trajectories
 
 DATA = Path(__file__).resolve().parents[1] / "bench" / "recordings" / "data"
-HARNESSES = ("pi", "codex", "claude-code", "qwen-code", "gemini-cli")
+HARNESSES = ("pi", "codex", "claude-code", "qwen-code", "gemini-cli", "opencode", "mini-swe-agent")
+DEV_VOCAB, SMOLLM2_VOCAB = 2048, 49152
 FILES = sorted(DATA.glob("*.jsonl.gz"))
 # Harnesses that rewrite the model's own previous answer when replaying history (see module docstring).
 REWRITES_HISTORY = {"claude-code"}
@@ -57,6 +59,9 @@ def test_builders_carry_the_same_sampled_tokens(path: Path) -> None:
         assert len(calls) >= 5, "a multi-turn session"
         assert [c.call_index for c in calls] == list(range(len(calls)))
         assert all(c.tokenization.value == mode for c in calls)
+        # The real tokenizer's ids (the first recordings used the 2048-id dev tokenizer).
+        top = max(t for c in calls for t in [*c.prompt_token_ids, *c.completion_token_ids])
+        assert DEV_VOCAB <= top < SMOLLM2_VOCAB
         _sequences(calls)
         recorded = Counter(
             (t, lp) for c in calls for t, lp in zip(c.completion_token_ids, c.completion_logprobs, strict=True)

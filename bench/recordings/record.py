@@ -4,8 +4,11 @@ Role: produce the test data of ``bench/rollout`` and ``bench/learner`` (and ``te
 in this process over real loopback sockets (uvicorn threads):
 
     harness CLI (subprocess, own HOME) -> gateway (``gateway.create_app``, real)
-      -> inference API (``inference.create_app``: real routes, real dev tokenizer, real chat template)
-         whose engine is ``ScriptedEngine`` (scripted agent answers)
+      -> inference API (``inference.create_app``: real routes, the real SmolLM2-135M-Instruct checkpoint's
+         tokenizer and chat template) whose engine is ``ScriptedEngine`` (scripted agent answers)
+
+The scripted engine reports a 256k context (``SCRIPTED_CONTEXT``): several harness prompts are longer than SmolLM2's
+8192 positions, which the scripted "model" does not need.
 
 The gateway records into an in-memory sink (``create_app(settings, sink=...)``), which receives exactly the events
 it would send to Kafka. Each harness runs the bundled task (``calc.py`` whose ``add`` subtracts, a unittest file) once
@@ -13,6 +16,7 @@ per tokenization mode; its events go to ``data/<harness>.<mode>.jsonl.gz`` (``co
 
     .venv/bin/python bench/recordings/record.py                       # all harnesses, both modes
     .venv/bin/python bench/recordings/record.py --harness pi --mode exact
+    .venv/bin/python bench/recordings/record.py --model-dir /tmp/dev-model   # the dev tokenizer (first recordings)
 
 Limits: needs the CLIs installed by ``deploy/harnesses/install.sh``; a harness that fails is reported and skipped
 (its previous recording, if any, is kept).
@@ -50,7 +54,11 @@ from contracts import ModelCallRecorded, TokenizationMode
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "data"
-HARNESSES = ["pi", "codex", "claude-code", "qwen-code", "gemini-cli"]
+HARNESSES = ["pi", "codex", "claude-code", "qwen-code", "gemini-cli", "opencode", "mini-swe-agent"]
+REAL_MODEL = "smollm2-135m"  # whose tokenizer and chat template the recordings use (``--model-dir`` for another)
+# The scripted engine reads prompts of any length: report a context no harness reaches (Claude Code's full tool set
+# is ~50k tokens), whatever the checkpoint's own (SmolLM2: 8192).
+SCRIPTED_CONTEXT = 262144
 CONTROL = "recordings-control"
 HARNESS_HOME = Path(
     os.environ.get("FLOE_HARNESS_HOME")
@@ -123,7 +131,7 @@ def serve(app: Any, port: int | None = None) -> Iterator[str]:
 
 
 def _bin(name: str) -> str:
-    path = HARNESS_HOME / "npm" / "bin" / name
+    path = HARNESS_HOME / ("mini-swe-agent" if name == "mini" else "npm") / "bin" / name
     if not path.exists():
         raise FileNotFoundError(f"{path} missing: run deploy/harnesses/install.sh")
     return str(path)
@@ -193,6 +201,55 @@ def harness_command(cli: str, home: Path, url: str, token: str, prompt: str) -> 
             GEMINI_API_KEY=token, GOOGLE_GEMINI_BASE_URL=url, GEMINI_MODEL="policy", GEMINI_CLI_TRUST_WORKSPACE="true"
         )
         return [_bin("gemini"), "-p", prompt, "--yolo"], env
+    if cli == "opencode":
+        # As services/sessions/presets/opencode.toml: an openai-compatible provider in the config file.
+        config = {
+            "$schema": "https://opencode.ai/config.json",
+            "autoupdate": False,
+            "share": "disabled",
+            "model": "floe/policy",
+            "provider": {
+                "floe": {
+                    "npm": "@ai-sdk/openai-compatible",
+                    "name": "floe",
+                    "options": {"baseURL": f"{url}/v1", "apiKey": token},
+                    "models": {"policy": {"name": "policy"}},
+                }
+            },
+        }
+        (home / ".config" / "opencode").mkdir(parents=True)
+        (home / ".config" / "opencode" / "opencode.json").write_text(json.dumps(config))
+        env.update(
+            OPENCODE_CONFIG=str(home / ".config" / "opencode" / "opencode.json"),
+            OPENCODE_DISABLE_AUTOUPDATE="1",
+            OPENCODE_DISABLE_MODELS_FETCH="1",
+        )
+        return [_bin("opencode"), "run", "--auto", "-m", "floe/policy", prompt], env
+    if cli == "mini-swe-agent":
+        # As services/sessions/presets/mini-swe-agent.toml: OpenAI Chat through litellm, tool calls only.
+        env.update(
+            OPENAI_API_KEY=token,
+            MSWEA_COST_TRACKING="ignore_errors",
+            MSWEA_CONFIGURED="1",
+            MSWEA_GLOBAL_CONFIG_DIR=str(home / ".config" / "mini-swe-agent"),
+            LITELLM_LOCAL_MODEL_COST_MAP="True",
+        )
+        env["PATH"] = f"{HARNESS_HOME / 'mini-swe-agent' / 'bin'}:{env['PATH']}"
+        return [
+            _bin("mini"),
+            "-m",
+            "openai/policy",
+            "-c",
+            "mini.yaml",
+            "-c",
+            f"model.model_kwargs.api_base={url}/v1",
+            "-y",
+            "--exit-immediately",
+            "-o",
+            str(home / "trajectory.json"),
+            "-t",
+            prompt,
+        ], env
     raise ValueError(f"unknown harness {cli!r}")
 
 
@@ -209,6 +266,7 @@ def stack(model_dir: Path, request_max_bytes: int) -> Iterator[tuple[str, Memory
         init_dev_model(model_dir, DevModelSpec(max_position_embeddings=131072))
     # The one substitution: the inference app builds its engine from this module global.
     setattr(inference.app, "Engine", ScriptedEngine)  # noqa: B010 - the module global its lifespan reads
+    ScriptedEngine.context = SCRIPTED_CONTEXT
     engine_app = inference.app.create_app(
         InferenceSettings(model_dir=model_dir, consume_weights=False, accept_any_model=True, seed=0)
     )
@@ -278,7 +336,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--harness", action="append", choices=HARNESSES, help="default: all")
     ap.add_argument("--mode", action="append", choices=[m.value for m in TokenizationMode], help="default: both")
     ap.add_argument("--out", type=Path, default=DATA)
-    ap.add_argument("--model-dir", type=Path, default=Path(tempfile.gettempdir()) / "floe-recordings-model")
+    ap.add_argument(
+        "--model-dir",
+        type=Path,
+        default=None,
+        help=f"checkpoint whose tokenizer + chat template the engine uses (default: {REAL_MODEL}, fetched if "
+        "missing; a directory without config.json gets the tiny dev model, as the first recordings did)",
+    )
     ap.add_argument("--request-max-bytes", type=int, default=16 * 1024, help="gateway's recorded request size cap")
     ap.add_argument("--sessions", type=int, default=3, help="sessions per harness x mode (one bug each, cycling)")
     ap.add_argument("--timeout", type=float, default=300.0, help="per harness run, seconds")
@@ -286,6 +350,11 @@ def main(argv: list[str] | None = None) -> int:
     harnesses = args.harness or HARNESSES
     modes = [TokenizationMode(m) for m in (args.mode or ["exact", "canonical"])]
     failures = 0
+    if args.model_dir is None:
+        from inference.models import fetch_model
+        from inference.settings import CacheSettings
+
+        args.model_dir = fetch_model(REAL_MODEL, CacheSettings().cache).path
     with stack(args.model_dir, args.request_max_bytes) as (url, sink):
         for cli in harnesses:
             for mode in modes:

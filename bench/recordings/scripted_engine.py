@@ -2,10 +2,11 @@
 
 Role: the recordings need multi-turn agent sessions (tool calls the harness executes, growing histories, side
 calls), which the random-weight dev model never produces. So we run the REAL inference service app
-(``inference.create_app``: its routes, request validation, chat template rendering with the real dev tokenizer,
-``prompt_token_ids``, streaming, Hermes tool-call parsing, errors) and swap only its generation engine for
-``ScriptedEngine``. The scripted engine reads the prompt it was given (decoded with special tokens), decides the
-agent's next step from the conversation, encodes that answer with the real tokenizer and streams it token by token.
+(``inference.create_app``: its routes, request validation, chat template rendering with the checkpoint's real
+tokenizer — SmolLM2-135M-Instruct's by default, ChatML with a Hermes ``<tools>`` block —, ``prompt_token_ids``,
+streaming, Hermes tool-call parsing, errors) and swap only its generation engine for ``ScriptedEngine``. The
+scripted engine reads the prompt it was given (decoded with special tokens), decides the agent's next step from the
+conversation, encodes that answer with the real tokenizer and streams it token by token.
 
 Logprobs are deterministic pseudo-random negative values (a hash of the prompt length, position and token id mapped
 to ``-(0.01 + 3 u^3)``), NOT model logprobs: a teacher-forced pass of the tiny model over 40k-token Claude Code
@@ -15,8 +16,9 @@ The agent script (``FLOE-TASK`` marker in the user prompt, which names the faili
 ``test_calc.py``, run the tests, fix the function with the harness's edit tool (or ``sed`` through the shell when
 it has none, e.g. Codex), run the tests again, look at the ``git diff``, answer in text. Claude Code first delegates
 a look at the repository to a sub-agent (``Agent`` tool, ``FLOE-SUBTASK`` marker; the sub-agent reads the file and
-reports). Side calls without a marker (Claude Code's title, Qwen Code's memory extraction, Gemini CLI's router) get a
-short, well-formed answer.
+reports). mini-swe-agent, whose every turn must be a tool call, ends with
+``echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT``. Side calls without a marker (Claude Code's and OpenCode's titles,
+Qwen Code's memory extraction, Gemini CLI's router) get a short, well-formed answer.
 
 Limits: one scripted task; tool arguments are chosen from the tool schemas present in the prompt by name.
 """
@@ -36,6 +38,7 @@ __all__ = ["ScriptedEngine", "next_answer", "pseudo_logprob"]
 
 TASK_MARKER = "FLOE-TASK"
 SUBTASK_MARKER = "FLOE-SUBTASK"
+MINI_SUBMIT = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"  # mini-swe-agent ends when a command prints this
 # Failing test -> (buggy line, fixed line); the task prompt names the failing test.
 # Distinct parameter names keep every old/new line unique in the file, and free of sed regex metacharacters.
 BUGS = {
@@ -87,7 +90,7 @@ def _pick(tools: dict[str, set[str]], *names: str) -> str | None:
 
 
 def _path_key(params: set[str]) -> str:
-    return next((k for k in ("file_path", "absolute_path", "path") if k in params), "path")
+    return next((k for k in ("file_path", "absolute_path", "filePath", "path") if k in params), "path")
 
 
 def _shell(tools: dict[str, set[str]], command: str, why: str) -> str | None:
@@ -117,6 +120,8 @@ def _edit(tools: dict[str, set[str]], repo: str, bug: str) -> str | None:
     path = {_path_key(params): f"{repo}/calc.py"}
     if "edits" in params:
         return _call(name, {**path, "edits": [{"oldText": buggy, "newText": fixed}]})
+    if "oldString" in params:  # OpenCode
+        return _call(name, {**path, "oldString": buggy, "newString": fixed})
     args: dict[str, Any] = {**path, "old_string": buggy, "new_string": fixed}
     if "instruction" in params:
         args["instruction"] = f"Make {bug} compute the right result."
@@ -176,11 +181,25 @@ def next_answer(prompt: str) -> str:
     if step < len(plan) and plan[step][1]:
         text, call = plan[step]
         return f"{text}\n{call}"
+    if MINI_SUBMIT in prompt and step == len(plan):  # mini-swe-agent: every turn is a tool call, even the last
+        return f"The fix is in and the tests pass. Submitting.\n{_shell(tools, f'echo {MINI_SUBMIT}', 'Submit')}"
     return f"Fixed: `{bug}` in calc.py now does `{BUGS[bug][1]}`, and the tests pass."
 
 
 class ScriptedEngine(Engine):
-    """``inference.engine.Engine`` with generation replaced by ``next_answer`` (same constructor, same handle API)."""
+    """``inference.engine.Engine`` with generation replaced by ``next_answer`` (same constructor, same handle API).
+
+    ``context``: the context length the engine reports and enforces, when larger than the checkpoint's. The scripted
+    "model" reads any prompt length, so recordings can use a real small model's tokenizer and chat template (e.g.
+    SmolLM2-135M, 8192 positions) with harness prompts far longer than that model could serve.
+    """
+
+    context: int | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.context is not None:
+            self.max_model_len = max(self.max_model_len, self.context)
 
     def start(self) -> None:  # no model thread: answers are produced in ``submit``
         return

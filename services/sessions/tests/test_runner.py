@@ -107,6 +107,26 @@ async def test_nonzero_exit_after_clean_calls_is_a_trainable_done(
     assert finished.reason == "harness command exited with code 1 after 1 clean call(s)"
 
 
+async def test_refused_call_names_the_gateway_error_in_the_reason(
+    node: tuple[SessionNode, EventLog], taskset: LocalTaskSet
+) -> None:
+    # A prompt longer than the engine's context (the fake engine's is 400k tokens, one per character): the gateway
+    # answers context_length_exceeded without calling the engine, and the session says so.
+    call = (
+        "python3 -c \"import json,os,urllib.request as u; u.urlopen(u.Request(os.environ['OPENAI_BASE_URL'] + "
+        "'/chat/completions', json.dumps({'model': 'm', 'messages': [{'role': 'user', 'content': 'x' * 400001}]})"
+        ".encode(), {'Authorization': 'Bearer ' + os.environ['OPENAI_API_KEY'], "
+        "'Content-Type': 'application/json'})).read()\""
+    )
+    n, _ = node
+    finished = await run(n, request(taskset, metadata={"command": call}))
+    assert finished.status is SessionState.FAILED and finished.exit_code == 1 and finished.turns == 0
+    assert finished.reason is not None
+    assert finished.reason.startswith("harness command exited with code 1; the gateway refused 1 call(s), the last: ")
+    assert "context_overflow: prompt is too long" in finished.reason and "maximum context length" in finished.reason
+    assert "HTTP Error 400" in finished.stderr_tail
+
+
 async def test_agent_timeout_kills_tree_and_keeps_diff(
     node: tuple[SessionNode, EventLog], taskset: LocalTaskSet
 ) -> None:

@@ -41,7 +41,7 @@ from gateway.canonical import (
     Usage,
     new_call_id,
 )
-from gateway.errors import ContextOverflow, Paused, UpstreamError
+from gateway.errors import ContextOverflow, GatewayError, Paused, UpstreamError
 from gateway.metrics import GatewayMetrics
 from gateway.output_parser import OutputParser
 from gateway.recorder import Recorder
@@ -192,8 +192,8 @@ class Turn:
                 self._first = await self._upstream.__anext__()
             except StopAsyncIteration as exc:
                 raise UpstreamError("engine closed the stream without an answer") from exc
-        except BaseException:
-            await self.aclose(status="error")
+        except BaseException as exc:
+            await self.aclose(status="error", error=exc)
             raise
 
     async def _prepare(self) -> None:
@@ -417,7 +417,7 @@ class Turn:
             policy_version=version or 0,
         )
 
-    async def aclose(self, *, status: str) -> None:
+    async def aclose(self, *, status: str, error: BaseException | None = None) -> None:
         if self._closed:
             return
         self._closed = True
@@ -430,6 +430,8 @@ class Turn:
                     log.warning("upstream_close_failed", session_id=self.session.session_id)
         if status != "ok":
             self.session.calls_failed += 1
+            if isinstance(error, GatewayError):  # kept for the session's end reason (e.g. a context overflow)
+                self.session.last_error = f"{error.kind}: {error.message}"
         m = self.gw.metrics
         m.calls.labels(protocol=self.protocol.value, status=status).inc()
         m.duration.labels(protocol=self.protocol.value).observe(time.perf_counter() - self._t0)

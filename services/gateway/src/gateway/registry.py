@@ -87,6 +87,7 @@ class Session:
     next_call_index: int = 0
     calls_ok: int = 0
     calls_failed: int = 0
+    last_error: str | None = None  # the last refused call's gateway error, "<kind>: <message>"
     chain: list[ChainEntry] = field(default_factory=list)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -179,12 +180,17 @@ class SessionRegistry:
         entry = self._by_id.get(session_id)
         return entry[0].calls_ok if entry else 0
 
-    def stats(self, session_id: str) -> dict[str, int]:
+    def stats(self, session_id: str) -> dict[str, Any]:
         entry = self._by_id.get(session_id)
         if entry is None:
             return {}
         s = entry[0]
-        return {"calls_ok": s.calls_ok, "calls_failed": s.calls_failed, "next_call_index": s.next_call_index}
+        return {
+            "calls_ok": s.calls_ok,
+            "calls_failed": s.calls_failed,
+            "next_call_index": s.next_call_index,
+            "last_error": s.last_error,
+        }
 
     def sweep(self) -> int:
         """Forget sessions expired for more than an hour (bounded memory for long-running nodes); their tokens then

@@ -64,7 +64,7 @@ class RegistryGateway:
     def stats(self, session_id: str) -> SessionStats:
         stats = self.registry.stats(session_id)
         ok, failed = stats.get("calls_ok", 0), stats.get("calls_failed", 0)
-        return SessionStats(calls=ok + failed, turns=ok, failed=failed)
+        return SessionStats(calls=ok + failed, turns=ok, failed=failed, last_error=stats.get("last_error"))
 
     def close(self, session_id: str) -> None:
         self.registry.close(session_id)

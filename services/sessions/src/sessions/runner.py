@@ -16,7 +16,9 @@ Exit status (``exit_code`` is always reported):
 - any other code ends DONE (with the code in ``reason``) if the gateway served at least one call and none failed:
   the agent ended on its own after a clean conversation, e.g. Codex exits 1 when the policy's answer hit the token
   limit. That is the policy's doing, a trainable negative, and must not be masked as an infrastructure failure;
-- otherwise FAILED "harness exited with code N" (no model call at all, or the gateway failed calls: ours).
+- otherwise FAILED "harness exited with code N" (no model call at all, or the gateway failed calls: ours), followed
+  by the gateway's error for the last refused call when there was one (e.g. ``context_overflow: prompt is too long:
+  10895 tokens > 8192 maximum context length``).
 The diff and output tails are collected in every case where the harness ran.
 """
 
@@ -54,6 +56,7 @@ class SessionStats:
     calls: int = 0  # every call the gateway saw for the session
     turns: int = 0  # calls served and recorded
     failed: int = 0  # calls the gateway could not serve (engine down, bad request, ...)
+    last_error: str | None = None  # the gateway's error for the last of them, "<kind>: <message>"
 
 
 class SessionGateway(Protocol):
@@ -236,7 +239,11 @@ class SessionRunner:
             return SessionState.FAILED, f"harness {preset.name} crashed (signal {signum})"
         if stats.turns > 0 and stats.failed == 0:
             return SessionState.DONE, f"harness {preset.name} exited with code {code} after {stats.turns} clean call(s)"
-        return SessionState.FAILED, f"harness {preset.name} exited with code {code}"
+        reason = f"harness {preset.name} exited with code {code}"
+        if stats.failed:
+            # Say why the gateway refused calls: e.g. a prompt longer than the model's context is no harness bug.
+            reason += f"; the gateway refused {stats.failed} call(s), the last: {stats.last_error or 'unknown error'}"
+        return SessionState.FAILED, reason
 
     def _stats(self, run: _Run) -> SessionStats:
         try:
