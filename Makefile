@@ -10,6 +10,7 @@ PY := .venv/bin/python
 SRC := schemas/src libs/eventbus/src libs/sandbox/src libs/tasks/src cli/src services/inference/src services/gateway/src services/sessions/src \
        services/scorer/src services/rollout/src services/learner/src services/dashboard/src
 PYTEST_ARGS ?=
+DEMO_ARGS ?=
 
 .PHONY: help bootstrap uv deps system-deps test-deps kafka-jars harnesses model vllm lint fmt typecheck test test-fast \
         test-unit test-integration test-vllm bench demo kafka-up kafka-down clean
@@ -71,7 +72,7 @@ bench: bootstrap  ## run every benchmark; each prints its ratios side by side
 	@set -e; for b in bench/*/run.py; do echo "== $$b"; $(PY) $$b; done
 
 demo: bootstrap  ## the main job: local Kafka, CPU engine, real SmolLM2-135M-Instruct, GRPO on count tasks, held-out eval
-	.venv/bin/floe demo
+	.venv/bin/floe demo $(DEMO_ARGS)
 
 kafka-up: deps kafka-jars  ## start the local broker (state in .floe/)
 	.venv/bin/floe kafka up

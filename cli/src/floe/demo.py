@@ -80,13 +80,17 @@ class ModelPreset:
     groups_per_step: int
     lr: float
     eval_every: int
-    threads: int  # torch threads of the inference engine and the learner (they mostly take turns)
+    # torch threads of the inference engine and of the learner, each. They run at the same time (asynchronous
+    # collection): on 2 cores, 2 + 2 OpenMP threads spinning for each other cut the engine from 3.3 to 0.8 calls/s and
+    # slowed a learner step from ~18 s to 48 s; 1 + 1 kept the engine at ~3 calls/s (a 135M model's decode gains
+    # nothing from a second thread) with a step of ~23 s (bench: README, demo section).
+    threads: int
     group_selection: str
 
 
 PRESETS: dict[str, ModelPreset] = {
     "smollm2": ModelPreset(
-        "count", steps=10, group_size=8, groups_per_step=4, lr=5e-5, eval_every=5, threads=2, group_selection="off"
+        "count", steps=10, group_size=8, groups_per_step=4, lr=5e-5, eval_every=5, threads=1, group_selection="off"
     ),
     "tiny": ModelPreset(
         "toy", steps=20, group_size=8, groups_per_step=2, lr=2e-2, eval_every=0, threads=1, group_selection="off"
@@ -117,7 +121,7 @@ class DemoConfig:
     group_selection: str = "off"
     eval_every: int = 5
     eval_samples: int = 1
-    threads: int = 2
+    threads: int = 1
     timeout_s: float = 1800.0
     seed: int = 0
     dashboard: bool = True
@@ -193,6 +197,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     p.add_argument("--eval-every", type=int, default=None, help="held-out eval every N steps (0: none)")
     p.add_argument("--eval-samples", type=int, default=None, help="samples per held-out task and eval round")
+    p.add_argument(
+        "--threads", type=int, default=None, help="torch threads of the engine and of the learner, each (default 1)"
+    )
     p.add_argument("--timeout", type=float, default=None, help="give up after this many seconds")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--no-dashboard", action="store_true")
@@ -219,6 +226,7 @@ def run(args: argparse.Namespace) -> int:
             eval_every=args.eval_every,
             eval_samples=args.eval_samples,
             timeout_s=args.timeout,
+            threads=args.threads,
             seed=args.seed,
             dashboard=not args.no_dashboard,
             run_dir=Path(args.run_dir).resolve()
@@ -274,8 +282,17 @@ class Demo:
         self.init_model()
         self._sandbox_dirs()
         self.stack = Stack(self.run_dir, base_env=self.base_env())
-        for spec in self.services():
-            self.stack.start(spec)
+        # Everything but the gateway starts at once (each loads torch or a model; they only meet over Kafka); the
+        # gateway waits for the engine it proxies. Readiness is awaited in order, so a failure names its service.
+        specs = self.services()
+        for spec in specs:
+            if spec.name != "gateway":
+                self.stack.start(spec, wait=False)
+        for spec in specs:
+            if spec.name == "gateway":
+                self.stack.start(spec)
+            else:
+                self.stack.wait_ready(spec.name)
             self.say(f"{spec.name} up")
         if self.cfg.dashboard:
             self.say(f"dashboard: http://127.0.0.1:{self.ports['dashboard']}/")
@@ -387,7 +404,13 @@ class Demo:
             "session_timeout_s": 900 if cfg.workload == "swe" else 300,
         }
         runs: list[dict[str, Any]] = [
-            {"name": cfg.workload, "task_source": cfg.task_source, "group_size": cfg.group_size, **common}
+            {
+                "name": cfg.workload,
+                "task_source": cfg.task_source,
+                "group_size": cfg.group_size,
+                "shuffle_seed": cfg.seed,  # --seed changes the task order too, not only the sampling
+                **common,
+            }
         ]
         if cfg.eval_source is not None:
             runs.append(
@@ -406,7 +429,12 @@ class Demo:
     def services(self) -> list[ServiceSpec]:
         cfg, run, ports = self.cfg, self.run_dir, self.ports
         runs = self.run_specs()
-        threads = {"OMP_NUM_THREADS": str(cfg.threads), "MKL_NUM_THREADS": str(cfg.threads)}
+        threads = {
+            "OMP_NUM_THREADS": str(cfg.threads),
+            "MKL_NUM_THREADS": str(cfg.threads),
+            # Idle OpenMP workers sleep instead of spinning: the engine and the learner share the cores.
+            "OMP_WAIT_POLICY": "PASSIVE",
+        }
         specs = [
             ServiceSpec(
                 "inference",

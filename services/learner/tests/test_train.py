@@ -189,3 +189,44 @@ def test_bf16_is_off_on_a_cpu_unless_asked(tiny_model_dir, tmp_path):
     assert learner.bf16 and {p.dtype for p in learner.model.parameters()} == {torch.float32}  # master weights
     (res,) = [learner.step("b", to_ipc(per_request_rows(synthetic_sessions(1, 2, 1, random.Random(0)))))]
     assert res.applied and res.metrics["finite"] == 1.0
+
+
+def _zero_advantage(rows, groups):
+    return [replace(r, advantage=0.0, reward=1.0) if r.group_id in groups else r for r in rows]
+
+
+def test_rows_of_all_equal_groups_are_skipped_and_the_update_is_the_same(tiny_model_dir, tmp_path):
+    rows = per_request_rows(synthetic_sessions(3, 3, 2, random.Random(7)))
+    first = sorted({r.group_id for r in rows})[0]
+    (tmp_path / "x.arrow").write_bytes(to_ipc(_zero_advantage(rows, {first})))
+    # A large Adam eps makes the update linear in the gradient (see the micro-batching test): weights compare grads.
+    linear = dict(adam_eps=1.0, lr=1.0, weight_decay=0.0)
+    skip = train_files(settings(tiny_model_dir, tmp_path / "skip", **linear), [tmp_path / "x.arrow"])
+    full = train_files(
+        settings(tiny_model_dir, tmp_path / "full", skip_zero_advantage_rows=False, **linear), [tmp_path / "x.arrow"]
+    )
+    zero_rows = sum(r.group_id == first for r in rows)
+    assert skip[0].metrics["rows_skipped_zero_advantage"] == zero_rows > 0
+    assert full[0].metrics["rows_skipped_zero_advantage"] == 0
+    assert skip[0].metrics["rows_trained"] == full[0].metrics["rows_trained"] - zero_rows
+    assert skip[0].metrics["tokens_trainable"] == full[0].metrics["tokens_trainable"]  # the normaliser is unchanged
+    assert skip[0].metrics["loss"] == pytest.approx(full[0].metrics["loss"], rel=1e-5)
+    assert_same_weights(skip[0].checkpoint, full[0].checkpoint, atol=1e-6)
+    # With a KL term every row has a gradient: nothing is skipped.
+    kl = train_files(settings(tiny_model_dir, tmp_path / "kl", kl_coef=0.01, **linear), [tmp_path / "x.arrow"])
+    assert kl[0].metrics["rows_skipped_zero_advantage"] == 0
+
+
+def test_a_batch_without_signal_still_steps_the_optimizer_and_publishes_a_version(tiny_model_dir, tmp_path):
+    signal = write_batches(tmp_path, n=1)[0]
+    rows = per_request_rows(synthetic_sessions(2, 3, 2, random.Random(3)))
+    (tmp_path / "none.arrow").write_bytes(to_ipc(_zero_advantage(rows, {r.group_id for r in rows})))
+    batches = [signal, tmp_path / "none.arrow"]
+    skip = train_files(settings(tiny_model_dir, tmp_path / "skip"), batches)
+    full = train_files(settings(tiny_model_dir, tmp_path / "full", skip_zero_advantage_rows=False), batches)
+    assert [r.version for r in skip] == [r.version for r in full] == [1, 2]
+    assert skip[1].metrics["rows_trained"] == 0 and skip[1].metrics["grad_norm"] == 0.0
+    # AdamW's momentum moves the weights on a zero gradient, as it did when the rows were computed.
+    assert_same_weights(skip[1].checkpoint, full[1].checkpoint, atol=1e-6)
+    with pytest.raises(AssertionError):
+        assert_same_weights(skip[0].checkpoint, skip[1].checkpoint)

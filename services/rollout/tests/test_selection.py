@@ -187,3 +187,19 @@ def test_settings_selection_alias_and_the_refused_stall(monkeypatch: pytest.Monk
     monkeypatch.setenv("FLOE_ROLLOUT_RUNS", '[{"name": "ev", "kind": "eval", "every_steps": 5, "epochs": 3}]')
     s = RolloutSettings()
     assert s.max_steps == 7 and (s.runs[0].every_steps, s.runs[0].epochs) == (5, 3)
+
+
+def test_a_run_s_shuffle_seed_reaches_its_spec_and_changes_the_task_order() -> None:
+    from rollout.service import run_specs
+
+    spec_a, spec_b, spec_c = run_specs(
+        [
+            RunSettings(name="a", task_source="count"),
+            RunSettings(name="b", task_source="count", shuffle_seed=1),
+            RunSettings(name="c", task_source="count", shuffle_seed=1),
+        ]
+    )
+    assert (spec_a.shuffle_seed, spec_b.shuffle_seed) == (0, 1)
+    order = [[s.task_for(n) for n in range(len(s.task_ids))] for s in (spec_a, spec_b, spec_c)]
+    assert order[0] != order[1] and order[1] == order[2]
+    assert sorted(order[0]) == sorted(order[1])  # a permutation of the same tasks

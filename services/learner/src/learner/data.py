@@ -169,9 +169,19 @@ class PreparedBatch:
 
 
 def prepare(
-    seqs: Sequences, current_version: int, max_staleness: int | None, agg: Aggregation, max_seq_len: int
+    seqs: Sequences,
+    current_version: int,
+    max_staleness: int | None,
+    agg: Aggregation,
+    max_seq_len: int,
+    skip_zero_advantage: bool = False,
 ) -> PreparedBatch:
-    """Apply truncation and the staleness filter, compute global aggregation weights, keep trainable rows."""
+    """Apply truncation and the staleness filter, compute global aggregation weights, keep trainable rows.
+
+    ``skip_zero_advantage``: also leave out rows whose advantage is 0 (a group whose rewards were all equal). Only
+    exact when nothing but the advantage-weighted term has a gradient (no KL to a reference, one optimizer step per
+    batch): such a row's loss is ``-0 * ratio`` for every token. The aggregation weights are computed before, over
+    every trainable token, so the rows that remain get the weights (and the update) they had with the others."""
     n = int(seqs.tokens.numel())
     row_of_token = torch.repeat_interleave(torch.arange(seqs.num_rows), seqs.lengths)  # (N,)
     pos_in_row = torch.arange(n) - seqs.offsets[:-1][row_of_token]  # (N,)
@@ -184,11 +194,13 @@ def prepare(
     weights = token_weights(keep, row_of_token, seqs.session_index, seqs.session_weight, agg)
     tokens_per_row = torch.zeros(seqs.num_rows, dtype=torch.int64).index_add_(0, row_of_token, keep.to(torch.int64))
     prompt_over = seqs.prompt_len.to(torch.int64) >= max_seq_len
-    rows = [r for r in range(seqs.num_rows) if tokens_per_row[r] > 0]
+    live = [r for r in range(seqs.num_rows) if tokens_per_row[r] > 0]
+    rows = [r for r in live if float(seqs.advantage[r]) != 0.0] if skip_zero_advantage else live
     lengths = [min(int(seqs.lengths[r]), max_seq_len) for r in rows]
     stats = {
         "rows": float(seqs.num_rows),
         "rows_trained": float(len(rows)),
+        "rows_skipped_zero_advantage": float(len(live) - len(rows)),
         "tokens_total": float(n),
         "tokens_flagged": float(flagged.sum()),
         "tokens_trainable": float(keep.sum()),

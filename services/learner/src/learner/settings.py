@@ -48,6 +48,11 @@ class LearnerSettings(BaseSettings):
     loss_agg: Aggregation = "token-mean"
     max_staleness: int | None = Field(default=3, ge=0, description="max weight-version lag of a trained token")
     temperature: float = Field(default=1.0, gt=0, description="the sampler's temperature (logits are divided by it)")
+    skip_zero_advantage_rows: bool = Field(
+        default=True,
+        description="with no KL term and one optimizer step per batch, a row whose advantage is 0 has a zero "
+        "gradient: leave it out of forward and backward (same update; its tokens still count in the loss normaliser)",
+    )
 
     # Batching and hardware
     micro_batch_tokens: int = Field(default=8192, gt=0, description="padded tokens per micro-batch")

@@ -161,8 +161,11 @@ class Learner:
                 f"batch {batch_id}: token id {bad} is outside the vocabulary of {s.model_dir} "
                 f"(ids 0..{self.vocab_size - 1}); the batch was tokenized for another model"
             )
-        batch = prepare(seqs, self.version, s.max_staleness, s.loss_agg, s.max_seq_len)
-        if not batch.rows:
+        # Rows of all-equal groups carry no gradient without a KL term: skipped, the optimizer still steps (AdamW's
+        # momentum and decay move the weights as they would have), and the version advances as for any batch.
+        skip_zero = s.skip_zero_advantage_rows and self.ref is None and s.optimizer_steps_per_batch == 1
+        batch = prepare(seqs, self.version, s.max_staleness, s.loss_agg, s.max_seq_len, skip_zero)
+        if not batch.stats["tokens_trainable"]:
             # Nothing trainable (all stale / masked): no update, no new version. Deterministic, so a redelivery
             # after a crash makes the same decision even before the ledger is persisted.
             self._record(batch_id)

@@ -144,6 +144,7 @@ def run_specs(runs: list[RunSettings]) -> list[RunSpec]:
                 session_timeout_s=run.session_timeout_s,
                 epochs=run.epochs,
                 every_steps=run.every_steps,
+                shuffle_seed=run.shuffle_seed,
             )
         )
     return specs

@@ -47,6 +47,10 @@ class RunSettings(BaseModel):
     every_steps: int | None = Field(
         default=None, ge=1, description="eval only: round r waits for learner version r * every_steps"
     )
+    shuffle_seed: int | None = Field(
+        default=0,
+        description="train runs: each pass visits the tasks in an order drawn from this seed (None: as listed)",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> RunSettings:
