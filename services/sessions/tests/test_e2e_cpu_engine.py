@@ -10,15 +10,11 @@ the calls recorded under the session id, and the result on the finished topic.
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from contracts import (
@@ -42,6 +38,7 @@ from sessions.node import NodeTopics, SessionNode
 from sessions.settings import SessionSettings
 
 from .conftest import request
+from .engine_process import cpu_engine_process
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -50,39 +47,15 @@ TASK = "floe__calx-7"
 
 @pytest.fixture(scope="module")
 def cpu_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = free_port()
     root = tmp_path_factory.mktemp("engine")
     env = {
-        **os.environ,
         "FLOE_INFERENCE_MODEL_DIR": str(root / "model"),
-        "FLOE_INFERENCE_PORT": str(port),
         "FLOE_INFERENCE_CONSUME_WEIGHTS": "false",
         "FLOE_INFERENCE_THREADS": "1",
         "FLOE_INFERENCE_SEED": "7",
     }
-    log = (root / "engine.log").open("wb")
-    proc = subprocess.Popen([sys.executable, "-m", "inference"], env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"inference engine did not start; see {root / 'engine.log'}")
-            time.sleep(0.5)
+    with cpu_engine_process(env, root / "engine.log") as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
 
 
 class Seen:

@@ -24,10 +24,7 @@ the model says is not checked: ``max_tokens`` is small so each call costs one pr
 from __future__ import annotations
 
 import asyncio
-import os
 import re
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,10 +35,10 @@ import pytest
 
 from contracts import SamplingPolicy, SessionState
 from eventbus import Producer
-from services.gateway.tests._fakes import free_port
 from sessions.node import NodeTopics
 
 from .conftest import request
+from .engine_process import cpu_engine_process
 from .test_e2e_cpu_engine import Seen, stack  # noqa: F401 - ``stack`` is a fixture, built on our ``cpu_engine``
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -67,13 +64,10 @@ def _system(request: dict[str, Any]) -> str:
 @pytest.fixture(scope="module")
 def cpu_engine(real_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``python -m inference`` serving the real SmolLM2 checkpoint (overrides the dev-model engine of ``stack``)."""
-    port = free_port()
     root = tmp_path_factory.mktemp("real-engine")
     env = {
-        **os.environ,
         "FLOE_INFERENCE_MODEL_DIR": str(real_model_dir),
         "FLOE_INFERENCE_INIT_IF_MISSING": "false",
-        "FLOE_INFERENCE_PORT": str(port),
         "FLOE_INFERENCE_CONSUME_WEIGHTS": "false",
         "FLOE_INFERENCE_THREADS": "2",
         # One request at a time: a batch prefill left-pads every prompt to the longest, so OpenCode's title call
@@ -81,31 +75,10 @@ def cpu_engine(real_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
         "FLOE_INFERENCE_MAX_BATCH": "1",
         "FLOE_INFERENCE_SEED": "7",
     }
-    log_path = root / "engine.log"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "inference"], env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                models = httpx.get(f"{url}/v1/models", timeout=2)
-                if models.status_code == 200:
-                    assert models.json()["data"][0]["max_model_len"] == CONTEXT, models.text
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"inference engine did not start; see {log_path}")
-            time.sleep(0.5)
+    with cpu_engine_process(env, root / "engine.log") as url:
+        models = httpx.get(f"{url}/v1/models", timeout=10)
+        assert models.json()["data"][0]["max_model_len"] == CONTEXT, models.text
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @pytest.fixture(autouse=True)
