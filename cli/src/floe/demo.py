@@ -83,7 +83,7 @@ class ModelPreset:
     # torch threads of the inference engine and of the learner, each. They run at the same time (asynchronous
     # collection): on 2 cores, 2 + 2 OpenMP threads spinning for each other cut the engine from 3.3 to 0.8 calls/s and
     # slowed a learner step from ~18 s to 48 s; 1 + 1 kept the engine at ~3 calls/s (a 135M model's decode gains
-    # nothing from a second thread) with a step of ~23 s (bench: README, demo section).
+    # nothing from a second thread) with a step of ~23 s (measured by hand: README, demo section).
     threads: int
     group_selection: str
 
