@@ -15,10 +15,15 @@ Prints tokens processed, trainable tokens, wall-clock per step and the ratio. De
 ``--recordings DIR`` trains instead on recorded harness sessions (``bench/recordings``: real CLIs through the real
 gateway): each session is rebuilt by ``rollout.builders`` (``per_request`` and ``prefix_merging``), turned into
 ``contracts.TrajectoryRow`` rows (advantage +1/-1 alternating by session, session_weight 1/num_traces), and the
-learner trains on all selected sessions in one batch per form. The model's vocabulary covers the recordings' ids
-(SmolLM2's tokenizer: 49152; the dev tokenizer's 2048 for older recordings). Default selection ``--harness pi
---mode exact`` keeps the run short on 2 shared cores (Codex's 16k and Claude Code's ~50k-token prompts make a
-per_request step take many minutes on CPU; select them explicitly).
+learner trains on all selected sessions in one batch per form, once per micro-batch layout (``packed`` and
+``padded``, ``learner.data``; their steps alternate, so a neighbour's load hits both alike). It prints s/step, CPU
+seconds per thread, tokens/s and the padding fraction per form and layout, the packed / padded ratio and the
+prefix_merging / per_request ratio, and writes the same figures with ``bench/report.py``
+(``.floe/bench/learner.json``; ``packed_tokens_per_s``, ``padded_tokens_per_s``, ``packed_speedup`` are
+prefix_merging's, the rollout's default). The model's vocabulary covers the recordings' ids (SmolLM2's tokenizer:
+49152; the dev tokenizer's 2048 for older recordings). Default selection ``--harness pi --mode exact`` keeps the
+run short on 2 shared cores (Codex's 16k and Claude Code's ~50k-token prompts make a per_request step take many
+minutes on CPU; select them explicitly).
 
     .venv/bin/python bench/learner/run.py --recordings bench/recordings/data [--harness pi codex] [--mode exact]
 
@@ -54,6 +59,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "services" / "learner" / "tests"))
 
 from synthetic import per_request_rows, prefix_merging_rows, save_tiny_model, synthetic_sessions, trajectory_row
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/report.py: the figures as flat JSON
+from report import write
 
 from contracts import TrajectoryRow, to_ipc
 from eventbus import configure_logging
@@ -119,7 +127,8 @@ def run_recorded(args: argparse.Namespace) -> None:
     # Warm-up (allocator, kernels) on one small pi-sized row, so the measured steps compare the two forms only.
     first = next(iter(chosen.items()))
     warm = to_ipc(recorded_rows(first[1][:1], "prefix_merging", first[0][0])[:1])
-    results = {}
+    layouts = ("packed", "padded")
+    results: dict[tuple[str, str], dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="floe-bench-learner-") as tmp:
         root = Path(tmp)
         model_dir = save_tiny_model(
@@ -132,36 +141,82 @@ def run_recorded(args: argparse.Namespace) -> None:
             intermediate_size=3 * args.hidden,
         )
         for form, data in batches.items():
-            settings = LearnerSettings(
-                model_dir=model_dir,
-                checkpoint_dir=root / form,
-                lr=1e-5,
-                kl_coef=0.0,
-                micro_batch_tokens=args.micro_batch_tokens,
-                max_seq_len=args.max_seq_len,
-            )
-            learner = Learner(settings)
-            learner.step(f"{form}-warmup", warm)
-            times, tokens, trainable, mbs = [], 0.0, 0.0, 0.0
+            learners = {}
+            for layout in layouts:
+                settings = LearnerSettings(
+                    model_dir=model_dir,
+                    checkpoint_dir=root / f"{form}-{layout}",
+                    lr=1e-5,
+                    kl_coef=0.0,
+                    micro_batch_tokens=args.micro_batch_tokens,
+                    max_seq_len=args.max_seq_len,
+                    micro_batch_layout=layout,
+                )
+                learners[layout] = Learner(settings)
+                learners[layout].step(f"{form}-warmup", warm)
+            runs: dict[str, list[dict[str, float]]] = {layout: [] for layout in layouts}
             for i in range(args.steps):
-                t0 = time.perf_counter()
-                res = learner.step(f"{form}-{i}", data)
-                times.append(time.perf_counter() - t0)
-                tokens += res.metrics["tokens_total"]
-                trainable += res.metrics["tokens_trainable"]
-                mbs += res.metrics["micro_batches"]
-            results[form] = (statistics.mean(times), tokens / len(times), trainable / len(times), mbs / len(times))
-    pr, pm = results["per_request"], results["prefix_merging"]
+                # Layouts alternate step by step, so a neighbour's load on the shared machine hits both alike.
+                for layout, learner in learners.items():
+                    t0, c0 = time.perf_counter(), time.process_time()
+                    res = learner.step(f"{form}-{i}", data)
+                    runs[layout].append(
+                        {**res.metrics, "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0}
+                    )
+            for layout, steps in runs.items():
+                results[form, layout] = {k: statistics.mean(m[k] for m in steps) for k in steps[0]}
     n_sessions = sum(len(v) for v in chosen.values())
     n_calls = sum(len(s) for v in chosen.values() for s in v)
+    threads = torch.get_num_threads()
     print(f"\nlearner on recordings {sorted(chosen)}: {n_sessions} sessions, {n_calls} calls; model hidden "
-          f"{args.hidden} x {args.layers} layers, vocab {vocab}; {args.steps} step(s), "
-          f"CPU threads={args.threads}")  # fmt: skip
-    print(f"{'form':<16}{'s/step':>10}{'tokens/step':>14}{'trainable':>12}{'micro-b.':>10}{'tokens/s':>12}")
-    for form, (t, tok, tr, mb) in results.items():
-        print(f"{form:<16}{t:>10.3f}{tok:>14.0f}{tr:>12.0f}{mb:>10.1f}{tok / t:>12.0f}")
-    print(f"prefix_merging speed-up (wall-clock per step): {pr[0] / pm[0]:.2f}x; "
-          f"tokens processed: {pr[1] / pm[1]:.2f}x fewer; same trainable tokens: {pr[2] == pm[2]}")  # fmt: skip
+          f"{args.hidden} x {args.layers} layers, vocab {vocab}; micro-batch tokens {args.micro_batch_tokens}; "
+          f"{args.steps} step(s) each, CPU threads={threads}, load average {os.getloadavg()[0]:.1f}")  # fmt: skip
+    print(f"{'form':<16}{'layout':<8}{'s/step':>9}{'CPU s/thr':>11}{'tokens/step':>13}{'trainable':>11}"
+          f"{'micro-b.':>10}{'padding':>9}{'tokens/s':>10}")  # fmt: skip
+    for (form, layout), r in results.items():
+        print(f"{form:<16}{layout:<8}{r['wall_s']:>9.3f}{r['cpu_s'] / threads:>11.3f}{r['tokens_total']:>13.0f}"
+              f"{r['tokens_trainable']:>11.0f}{r['micro_batches']:>10.1f}{r['padding_frac']:>9.1%}"
+              f"{r['tokens_total'] / r['wall_s']:>10.0f}")  # fmt: skip
+    figures: dict[str, float | int | str] = {
+        "recordings": ",".join(f"{h}.{m}" for h, m in sorted(chosen)),
+        "hidden": args.hidden,
+        "layers": args.layers,
+        "micro_batch_tokens": args.micro_batch_tokens,
+        "steps": args.steps,
+        "threads": threads,
+    }
+    for form in batches:
+        pk, pd = results[form, "packed"], results[form, "padded"]
+        speedup, cpu_speedup = pd["wall_s"] / pk["wall_s"], pd["cpu_s"] / pk["cpu_s"]
+        print(f"{form}: packed / padded tokens/s {speedup:.2f}x (CPU time {cpu_speedup:.2f}x); padding in the "
+              f"padded layout {pd['padding_frac']:.1%} of the positions computed; "
+              f"loss {pk['loss']:.6g} vs {pd['loss']:.6g}")  # fmt: skip
+        for layout, r in (("packed", pk), ("padded", pd)):
+            figures[f"{form}_{layout}_tokens_per_s"] = r["tokens_total"] / r["wall_s"]
+            figures[f"{form}_{layout}_s_per_step"] = r["wall_s"]
+            figures[f"{form}_{layout}_cpu_s_per_step"] = r["cpu_s"]
+            figures[f"{form}_{layout}_micro_batches"] = r["micro_batches"]
+            figures[f"{form}_{layout}_padding_frac"] = r["padding_frac"]
+        figures[f"{form}_packed_speedup"] = speedup
+        figures[f"{form}_packed_cpu_speedup"] = cpu_speedup
+        figures[f"{form}_tokens_per_step"] = pk["tokens_total"]
+        figures[f"{form}_trainable_per_step"] = pk["tokens_trainable"]
+    for layout in layouts:
+        pr, pm = results["per_request", layout], results["prefix_merging", layout]
+        print(f"prefix_merging speed-up ({layout}, wall-clock per step): {pr['wall_s'] / pm['wall_s']:.2f}x; "
+              f"tokens processed: {pr['tokens_total'] / pm['tokens_total']:.2f}x fewer; same trainable tokens: "
+              f"{pr['tokens_trainable'] == pm['tokens_trainable']}")  # fmt: skip
+        figures[f"prefix_merging_speedup_{layout}"] = pr["wall_s"] / pm["wall_s"]
+    figures["prefix_merging_tokens_ratio"] = (
+        results["per_request", "packed"]["tokens_total"] / results["prefix_merging", "packed"]["tokens_total"]
+    )
+    # The headline figures: the rollout's default builder (prefix_merging).
+    pk, pd = results["prefix_merging", "packed"], results["prefix_merging", "padded"]
+    figures["packed_tokens_per_s"] = pk["tokens_total"] / pk["wall_s"]
+    figures["padded_tokens_per_s"] = pd["tokens_total"] / pd["wall_s"]
+    figures["packed_speedup"] = pd["wall_s"] / pk["wall_s"]
+    figures["padded_padding_frac"] = pd["padding_frac"]
+    write("learner", figures)
 
 
 def _proc_status_kib(field: str) -> int:

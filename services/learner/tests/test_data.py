@@ -106,11 +106,25 @@ def test_pack_respects_budget_and_covers_every_item_once():
     assert pack([5000, 10], 1024) == [[0], [1]]  # an overlong item gets a micro-batch alone
 
 
+def test_packed_grouping_fills_micro_batches_to_the_budget():
+    rng = random.Random(1)
+    lengths = [rng.randint(1, 300) for _ in range(200)]
+    groups = pack(lengths, token_budget=1024, layout="packed")
+    assert sorted(i for g in groups for i in g) == list(range(200))
+    sums = [sum(lengths[i] for i in g) for g in groups]
+    assert max(sums) <= 1024
+    # First-fit decreasing: no two micro-batches could be merged, and it needs at most a few more than the bound.
+    assert all(a + b > 1024 for i, a in enumerate(sums) for b in sums[i + 1 :])
+    assert len(groups) <= -(-sum(lengths) // 1024) + 1
+    assert len(groups) < len(pack(lengths, token_budget=1024, layout="padded"))
+    assert pack([5000, 10, 20], 1024, layout="packed") == [[0], [2, 1]]
+
+
 def test_microbatches_align_targets_and_weights_sum_to_one_across_ranks():
     rows = rows_fixture(seed=2)
     seqs = decode_sequences(to_ipc(rows))
     batch = prepare(seqs, current_version=0, max_staleness=3, agg="token-mean", max_seq_len=10_000)
-    all_mbs = [microbatches(batch, 512, rank, 3) for rank in range(3)]
+    all_mbs = [microbatches(batch, 512, rank, 3, layout="padded") for rank in range(3)]
     assert len({len(m) for m in all_mbs}) == 1, "every rank gets the same number of micro-batches"
     total_weight = sum(float(mb.weights.sum()) for mbs in all_mbs for mb in mbs)
     assert total_weight == pytest.approx(1.0, abs=1e-5)
@@ -121,6 +135,7 @@ def test_microbatches_align_targets_and_weights_sum_to_one_across_ranks():
     for mbs in all_mbs:
         for mb in mbs:
             for b in range(mb.input_ids.shape[0]):
+                assert mb.attention_mask is not None
                 n = int(mb.attention_mask[b].sum())
                 if n == 0 or mb.weights[b].sum() == 0:
                     continue

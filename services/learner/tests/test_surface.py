@@ -36,6 +36,13 @@ def test_settings_from_env_with_polar_defaults(monkeypatch, tmp_path):
         1e-3,
     )
     assert s.loss_agg == "session-mean" and s.max_staleness == 3
+    assert s.micro_batch_layout == "packed"
+    monkeypatch.setenv("FLOE_LEARNER_MICRO_BATCH_LAYOUT", "padded")
+    assert LearnerSettings().micro_batch_layout == "padded"
+    monkeypatch.setenv("FLOE_LEARNER_MICRO_BATCH_LAYOUT", "varlen")
+    with pytest.raises(ValidationError, match="micro_batch_layout"):
+        LearnerSettings()
+    monkeypatch.delenv("FLOE_LEARNER_MICRO_BATCH_LAYOUT")
     monkeypatch.setenv("FLOE_LEARNER_LOSS_AGG", "sum-everything")
     with pytest.raises(ValidationError):
         LearnerSettings()

@@ -1,20 +1,26 @@
-"""Trajectory batches -> tensors: decode, fetch claim checks, filter, weight and pack into micro-batches.
+"""Trajectory batches -> tensors: decode, fetch claim checks, filter, weight and group into micro-batches.
 
 Role: turn one ``contracts.TrajectoryBatch`` (Arrow rows of ``contracts.arrow.TRAJECTORY_SCHEMA``) into
 ``MicroBatch`` objects the training step can feed to a causal LM.
 
 - The Arrow list columns are read as flat value buffers + offsets and wrapped as tensors without copying
-  (``torch.from_numpy`` over Arrow's buffers). Only the padded micro-batches are materialised.
+  (``torch.from_numpy`` over Arrow's buffers). Only the micro-batches are materialised.
 - A claim-check batch (``uri`` + ``sha256``) is read from a ``file://`` URI or a plain path and its sha256 is
   checked before decoding. Other schemes are refused with ``BatchError`` (object stores are future work).
 - Every target token keeps its sampling logprob and the weight version that sampled it; prompt and masked
   positions never become trainable here.
-- Aggregation weights are computed over the whole (global) batch *before* packing, so how sequences are split
+- Aggregation weights are computed over the whole (global) batch *before* grouping, so how sequences are split
   into micro-batches and ranks does not change the loss.
+- Two layouts (``Layout``, the learner's ``micro_batch_layout``). ``packed`` (default): the sequences of a
+  micro-batch are concatenated into one ``(1, N)`` row with ``position_ids`` restarting at 0 per sequence and their
+  boundaries (``cu_seq_lens``); ``learner.model`` keeps each sequence's attention to itself, so a micro-batch costs
+  its real tokens only. ``padded``: one right-padded row per sequence, ``(B, T)`` with an attention mask; every
+  attention backend takes it, and it costs the padding (``B * T - N`` slots), which sorting by length keeps small.
+  Both give the same loss and gradients to fp32 rounding (``tests/test_packing.py``).
 
-Limits: micro-batches are padded, not varlen-packed (works with every ``transformers`` model and attention
-backend, costs the padding, which sorting by length keeps small). An overlong row keeps its longest causal prefix
-(prompt + the start of the response), as Polar does; a row whose prompt alone is over ``max_seq_len`` is dropped.
+Limits: an overlong row keeps its longest causal prefix (prompt + the start of the response), as Polar does; a row
+whose prompt alone is over ``max_seq_len`` is dropped. A sequence longer than ``micro_batch_tokens`` gets a
+micro-batch alone, in either layout.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import hashlib
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
@@ -33,7 +40,9 @@ from contracts import TrajectoryBatch, read_ipc
 from learner.grpo import Aggregation, staleness_filter, token_weights
 
 __all__ = [
+    "LAYOUTS",
     "BatchError",
+    "Layout",
     "MicroBatch",
     "PreparedBatch",
     "Sequences",
@@ -43,6 +52,10 @@ __all__ = [
     "pack",
     "prepare",
 ]
+
+
+Layout = Literal["packed", "padded"]
+LAYOUTS: tuple[Layout, ...] = ("packed", "padded")
 
 
 class BatchError(ValueError):
@@ -217,12 +230,27 @@ def prepare(
     return PreparedBatch(seqs=seqs, rows=rows, lengths=lengths, trainable=keep, weights=weights, stats=stats)
 
 
-def pack(lengths: list[int], token_budget: int) -> list[list[int]]:
-    """Group items (by index into ``lengths``) into micro-batches whose padded size ``len(mb) * max_len`` stays
-    within ``token_budget``; longest first, so padding stays small. An item over budget gets a micro-batch alone."""
+def pack(lengths: list[int], token_budget: int, layout: Layout = "padded") -> list[list[int]]:
+    """Group items (by index into ``lengths``) into micro-batches of at most ``token_budget`` token slots; an item
+    over budget gets a micro-batch alone.
+
+    ``padded``: a micro-batch's slots are ``len(mb) * max_len``; longest first, so the rows of a micro-batch have
+    similar lengths and padding stays small. ``packed``: its slots are ``sum(lengths)``; first-fit decreasing, which
+    fills micro-batches to the budget (fewer forward calls) whatever the mix of lengths."""
     assert token_budget > 0, "token_budget must be positive"
+    assert layout in LAYOUTS, f"unknown layout {layout!r}; choose one of {LAYOUTS}"
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     out: list[list[int]] = []
+    if layout == "packed":
+        room: list[int] = []  # free slots per micro-batch
+        for i in order:
+            j = next((j for j, free in enumerate(room) if free >= lengths[i]), len(out))
+            if j == len(out):
+                out.append([])
+                room.append(token_budget)
+            out[j].append(i)
+            room[j] -= lengths[i]
+        return out
     current: list[int] = []
     for i in order:
         # Sorted descending, so the first item of a micro-batch is its longest.
@@ -237,28 +265,51 @@ def pack(lengths: list[int], token_budget: int) -> list[list[int]]:
 
 @dataclass(frozen=True)
 class MicroBatch:
-    """Padded model inputs and per-target tensors. Targets are ``input_ids[:, 1:]``; all (B, T-1) tensors are
-    aligned with the logits of positions ``0..T-2``."""
+    """Model inputs and per-target tensors. Targets are ``input_ids[:, 1:]``; all (B, T-1) tensors are aligned with
+    the logits of positions ``0..T-2``.
 
-    input_ids: Tensor  # (B, T) int64, right-padded with 0
-    attention_mask: Tensor  # (B, T) int64
+    Padded: one sequence per row, right-padded, ``attention_mask`` set, ``position_ids`` and ``cu_seq_lens`` None.
+    Packed: ``B = 1``, the sequences back to back; ``attention_mask`` None, ``position_ids`` restart at 0 per
+    sequence, ``cu_seq_lens`` are their boundaries. The position of a sequence's last token would predict the next
+    sequence's first token: it is masked (as is every position of padding)."""
+
+    input_ids: Tensor  # (B, T) int64; padded rows hold 0 after their sequence
+    attention_mask: Tensor | None  # (B, T) int64 for padded rows; None when packed
     mask: Tensor  # (B, T-1) bool, trainable targets
     behav_logprobs: Tensor  # (B, T-1) float32
     advantages: Tensor  # (B, T-1) float32, the row's advantage broadcast
     weights: Tensor  # (B, T-1) float32, aggregation weights (zero where masked)
     versions: Tensor  # (B, T-1) int64 sampling weight versions
     num_tokens: int  # real (unpadded) tokens
+    position_ids: Tensor | None = None  # (1, T) int64 when packed: 0..L-1 for each sequence
+    cu_seq_lens: Tensor | None = None  # (S+1,) int32 when packed: sequence s is input_ids[0, cu[s]:cu[s+1]]
+    max_length: int = 0  # when packed: the longest sequence (flash-attention's max_length_q/k)
+
+    @property
+    def packed(self) -> bool:
+        return self.cu_seq_lens is not None
+
+    @property
+    def token_slots(self) -> int:
+        """Positions the model computes: ``num_tokens`` plus padding."""
+        return int(self.input_ids.numel())
 
     def to(self, device: torch.device) -> MicroBatch:
+        def move(x: Tensor | None) -> Tensor | None:
+            return None if x is None else x.to(device, non_blocking=True)
+
         return MicroBatch(
             input_ids=self.input_ids.to(device, non_blocking=True),
-            attention_mask=self.attention_mask.to(device, non_blocking=True),
+            attention_mask=move(self.attention_mask),
             mask=self.mask.to(device, non_blocking=True),
             behav_logprobs=self.behav_logprobs.to(device, non_blocking=True),
             advantages=self.advantages.to(device, non_blocking=True),
             weights=self.weights.to(device, non_blocking=True),
             versions=self.versions.to(device, non_blocking=True),
             num_tokens=self.num_tokens,
+            position_ids=move(self.position_ids),
+            cu_seq_lens=move(self.cu_seq_lens),
+            max_length=self.max_length,
         )
 
 
@@ -297,19 +348,61 @@ def _build(batch: PreparedBatch, items: list[int]) -> MicroBatch:
     )
 
 
-def microbatches(batch: PreparedBatch, token_budget: int, rank: int = 0, world_size: int = 1) -> list[MicroBatch]:
-    """This rank's micro-batches. Micro-batches are dealt round-robin (largest first) so ranks get similar work;
-    every rank gets the same *count* (DDP/FSDP need matching collectives), padded with empty micro-batches."""
-    groups = pack(batch.lengths, token_budget)
+def _build_packed(batch: PreparedBatch, items: list[int]) -> MicroBatch:
+    seqs = batch.seqs
+    rows = torch.tensor([batch.rows[i] for i in items], dtype=torch.int64)
+    lens = torch.tensor([batch.lengths[i] for i in items], dtype=torch.int64)
+    n = int(lens.sum())
+    cu = torch.zeros(len(items) + 1, dtype=torch.int64)
+    torch.cumsum(lens, 0, out=cu[1:])
+    seq_of = torch.repeat_interleave(torch.arange(len(items)), lens)  # (N,) sequence of each packed position
+    pos = torch.arange(n) - cu[:-1][seq_of]  # (N,) position inside its sequence
+    src = seqs.offsets[rows][seq_of] + pos  # (N,) index into the flat Sequences columns
+    # Per-token columns describe token i; its logprob comes from the logits at position i-1. Shifting the whole
+    # row by one puts the next sequence's first token behind each sequence's last position: never a target
+    # (``prepare`` never trains position 0), and masked below in every column to be explicit.
+    boundary = cu[1:-1] - 1  # last position of every sequence but the final one
+    mask = batch.trainable[src][1:]  # indexing copies: the Arrow buffers are never written
+    mask[boundary] = False
+    behav = seqs.logprobs[src][1:]
+    behav[boundary] = 0.0
+    weights = batch.weights[src][1:]
+    weights[boundary] = 0.0
+    versions = seqs.weight_versions[src][1:].to(torch.int64)
+    versions[boundary] = -1
+    return MicroBatch(
+        input_ids=seqs.tokens[src].to(torch.int64)[None],
+        attention_mask=None,
+        mask=mask[None],
+        behav_logprobs=behav[None],
+        advantages=seqs.advantage[rows][seq_of][:-1][None],
+        weights=weights[None],
+        versions=versions[None],
+        num_tokens=n,
+        position_ids=pos[None],
+        cu_seq_lens=cu.to(torch.int32),
+        max_length=int(lens.max()),
+    )
+
+
+def microbatches(
+    batch: PreparedBatch, token_budget: int, rank: int = 0, world_size: int = 1, layout: Layout = "packed"
+) -> list[MicroBatch]:
+    """This rank's micro-batches in ``layout``. Micro-batches are dealt round-robin (largest first) so ranks get
+    similar work; every rank gets the same *count* (DDP/FSDP need matching collectives), padded with empty
+    micro-batches."""
+    groups = pack(batch.lengths, token_budget, layout)
     per_rank = -(-len(groups) // world_size) if groups else 1
-    mine = [_build(batch, g) for g in groups[rank::world_size]]
+    build = _build_packed if layout == "packed" else _build
+    mine = [build(batch, g) for g in groups[rank::world_size]]
     while len(mine) < per_rank:
         mine.append(_empty())
     return mine
 
 
 def _empty() -> MicroBatch:
-    """A zero-weight micro-batch: runs forward/backward (so collectives match) and contributes nothing."""
+    """A zero-weight micro-batch: runs forward/backward (so collectives match) and contributes nothing. Padded in
+    either layout: one 2-token row is the same work both ways, and it uses every parameter as any other does."""
     return MicroBatch(
         input_ids=torch.zeros(1, 2, dtype=torch.int64),
         attention_mask=torch.ones(1, 2, dtype=torch.int64),

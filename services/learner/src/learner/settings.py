@@ -15,6 +15,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from contracts import TRAJECTORY_BATCHES, WEIGHTS
+from learner.data import Layout
 from learner.grpo import Aggregation, LossConfig
 
 __all__ = ["LearnerSettings"]
@@ -55,7 +56,14 @@ class LearnerSettings(BaseSettings):
     )
 
     # Batching and hardware
-    micro_batch_tokens: int = Field(default=8192, gt=0, description="padded tokens per micro-batch")
+    micro_batch_tokens: int = Field(
+        default=8192, gt=0, description="token slots per micro-batch: real tokens when packed, rows x longest if padded"
+    )
+    micro_batch_layout: Layout = Field(
+        default="packed",
+        description="packed: a micro-batch's sequences back to back in one row, each attending to itself only; "
+        "padded: one right-padded row per sequence (same loss and gradients, plus the padding's compute)",
+    )
     max_seq_len: int = Field(default=32768, gt=1)
     device: str = Field(default="auto", description="auto | cpu | cuda")
     bf16: bool | None = Field(

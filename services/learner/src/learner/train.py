@@ -171,7 +171,8 @@ class Learner:
             self._record(batch_id)
             log.warning("batch has no trainable tokens, skipped", batch_id=batch_id, **batch.stats)
             return StepResult(batch_id=batch_id, applied=False, version=self.version, metrics=batch.stats)
-        mbs = [mb.to(info.device) for mb in microbatches(batch, s.micro_batch_tokens, info.rank, info.world_size)]
+        local = microbatches(batch, s.micro_batch_tokens, info.rank, info.world_size, s.micro_batch_layout)
+        mbs = [mb.to(info.device) for mb in local]
 
         # 2. Proximal logprobs: with one optimizer step per batch they are the live logprobs, detached (free).
         #    With k > 1 steps the later steps need the logprobs of the weights *before* the first one.
@@ -187,7 +188,7 @@ class Learner:
         sums: dict[str, torch.Tensor] = {}
         rho_max = 0.0
         grad_norms: list[float] = []
-        tokens_local = 0
+        tokens_local = slots_local = 0
         for chunk in chunks:
             scale = len(mbs) / len(chunk)  # a chunk holds ~1/k of the batch's weight; keep the loss scale
             for n, i in enumerate(chunk):
@@ -220,6 +221,7 @@ class Learner:
                     loss.detach().double() / scale
                 )
                 tokens_local += mb.num_tokens
+                slots_local += mb.token_slots
             if s.debug_step_delay_s:
                 time.sleep(s.debug_step_delay_s)  # test hook: makes "kill -9 during a step" deterministic
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.max_grad_norm)
@@ -229,6 +231,7 @@ class Learner:
 
         # 4. Bookkeeping and metrics (reduced over ranks).
         sums["tokens_processed"] = torch.tensor(float(tokens_local), dtype=torch.float64, device=info.device)
+        sums["token_slots"] = torch.tensor(float(slots_local), dtype=torch.float64, device=info.device)
         red = all_reduce_sum(sums, info)
         rho_max = all_reduce_max(rho_max, info)
         elapsed = time.perf_counter() - t0
@@ -256,6 +259,8 @@ class Learner:
             "tokens_per_s": red["tokens_processed"] / elapsed,
             "trainable_tokens_per_s": red["tokens"] / elapsed,
             "micro_batches": float(len(mbs) * info.world_size),
+            # Positions computed that hold no token (padded layout; the empty micro-batches that even out ranks).
+            "padding_frac": 1.0 - red["tokens_processed"] / max(red["token_slots"], 1.0),
         }
         self.state.version += 1
         self.state.step += 1
