@@ -1,18 +1,24 @@
-"""Gateway benchmark: what the gateway costs and saves, side by side in one run.
+"""Gateway benchmark: what the gateway costs and saves, this tree beside a baseline commit, in one run.
 
-Prints, against the real floe CPU engine (``python -m inference`` in a subprocess, tiny random model):
+Prints, against the real floe CPU engine (``python -m inference`` in a subprocess, tiny random model), for the
+gateway of this tree and the gateway of ``--baseline`` (a git revision, checked out once into a worktree under
+``.floe/bench/worktrees`` and run with the same venv; ``--baseline none`` skips it):
 
-1. streaming time-to-first-token, direct to the engine vs through the gateway (OpenAI Chat SSE);
-2. added latency of a whole non-streaming call (gateway - direct, paired calls, same seed), p50 / p99;
-3. calls/s at 1 / 16 / 64 concurrent sessions, direct vs gateway;
-4. Kafka bytes of one long exact-mode session (many turns), with vs without prompt delta encoding.
+1. gateway CPU per call (user + system time of the gateway process over sequential calls, streaming and not);
+2. streaming time-to-first-token, direct to the engine vs through each gateway (OpenAI Chat SSE);
+3. added latency of a whole non-streaming call (gateway - direct, paired calls, same seed), p50 / p99;
+4. calls/s at 1 / 16 / 64 concurrent sessions, direct vs each gateway;
+5. Kafka bytes of one long exact-mode session (``--turns``, 40 by default) three ways, from the same records:
+   naive (every call with its whole prompt ids and whole request, JSON lists), v1 (prompt delta encoding, whole
+   request, JSON lists: what ``ModelCallRecorded`` v1 wrote) and this tree's records as written; and how bytes per
+   call grow from the first to the last ten calls (linear growth of a session = flat bytes per call).
 
-The gateway runs in its own process with a sink that encodes each ``ModelCallRecorded`` exactly as the producer
-would (``contracts.encode``) and counts the bytes (``floe_gateway_record_bytes_total``), so no broker is needed;
-Kafka stores those bytes before any compression. A second gateway with ``delta_encoding=false`` serves the
-no-delta run. Engine, gateways and this client are separate processes on one machine, so they compete for cores.
+Each gateway runs in its own process with a sink that encodes each ``ModelCallRecorded`` exactly as the producer
+would (``contracts.encode``) and counts the bytes, so no broker is needed; Kafka stores those bytes before any
+compression. Engine, gateways and this client are separate processes on one machine, so they compete for cores:
+compare columns of one run, not runs. Figures go to ``.floe/bench/gateway.json``.
 
-    .venv/bin/python bench/gateway/run.py [--quick]
+    .venv/bin/python bench/gateway/run.py [--quick] [--baseline REV|none] [--turns N]
 """
 
 from __future__ import annotations
@@ -27,33 +33,51 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
-import uvicorn
-from pydantic import SecretStr
 
-from contracts import TokenizationMode, encode
-from gateway import GatewaySettings, create_app
+# Nothing of floe is imported at module level: ``--serve-gateway`` runs this file with the baseline tree's sources
+# first on sys.path, and those may lack what this tree's code below uses.
+if TYPE_CHECKING:
+    from contracts import ModelCallRecorded
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from report import write
 
 CONTROL = "bench-control"
-
-
-class ByteSink:
-    def __init__(self) -> None:
-        self.bytes = 0
-        self.count = 0
-
-    async def send(self, topic: Any, event: Any) -> None:
-        self.bytes += len(encode(event))
-        self.count += 1
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_BASELINE = "5e7f68a"  # main before the v2 records and the hot-path work of the performance issue
+SRC_DIRS = [
+    "schemas/src",
+    "libs/eventbus/src",
+    "libs/sandbox/src",
+    "libs/tasks/src",
+    "services/gateway/src",
+    "services/inference/src",
+]
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def wait_http(url: str, proc: subprocess.Popen[bytes], what: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with code {proc.returncode}")
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError(f"{what} did not start")
 
 
 def start_engine(model_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
@@ -70,59 +94,87 @@ def start_engine(model_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
         [sys.executable, "-m", "inference"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/v1/models", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError("engine did not start")
+    wait_http(url + "/v1/models", proc, "engine", 120)
+    return proc, url
 
 
-def serve_gateway(engine_url: str, port: int, delta: bool) -> None:
-    """Subprocess entry: the gateway with a byte-counting sink (no broker needed); bytes show in /metrics."""
+class RecordSink:  # runs in the gateway subprocess, with that tree's contracts
+    """Encodes each record as the producer would and appends it (one JSON line) to ``path``."""
+
+    def __init__(self, path: str) -> None:
+        self._fh = open(path, "ab")  # noqa: SIM115 - lives as long as the gateway process
+
+    async def send(self, topic: Any, event: Any) -> Any:
+        from contracts import encode
+
+        data = encode(event)
+        self._fh.write(data + b"\n")
+        self._fh.flush()
+        return None
+
+
+def serve_gateway(engine_url: str, port: int, records: str) -> None:
+    """Subprocess entry: a gateway (of whichever tree is first on ``sys.path``) with a file sink, no broker."""
+    import uvicorn
+    from pydantic import SecretStr
+
+    from gateway import GatewaySettings, create_app
+
     settings = GatewaySettings(
-        engine_urls=[engine_url],
-        control_token=SecretStr(CONTROL),
-        public_url=f"http://127.0.0.1:{port}",
-        delta_encoding=delta,
+        engine_urls=[engine_url], control_token=SecretStr(CONTROL), public_url=f"http://127.0.0.1:{port}"
     )
-    uvicorn.run(create_app(settings, sink=ByteSink()), host="127.0.0.1", port=port, log_level="warning")
+    uvicorn.run(create_app(settings, sink=RecordSink(records)), host="127.0.0.1", port=port, log_level="warning")
 
 
-def start_gateway(engine_url: str, delta: bool) -> tuple[subprocess.Popen[bytes], str]:
+@dataclass
+class Gateway:
+    name: str
+    proc: subprocess.Popen[bytes]
+    url: str
+    records: Path
+
+    def cpu_s(self) -> float:
+        """User + system CPU seconds of the gateway process so far (``/proc/<pid>/stat``)."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def baseline_tree(rev: str) -> Path:
+    """A worktree of ``rev`` (made once), whose sources the baseline gateway runs."""
+    sha = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--verify", f"{rev}^{{commit}}"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    tree = ROOT / ".floe" / "bench" / "worktrees" / sha[:12]
+    if not (tree / "services").is_dir():
+        tree.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "prune"], check=True)
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "add", "--detach", "--force", str(tree), sha],
+            check=True,
+            capture_output=True,
+        )
+    return tree
+
+
+def start_gateway(name: str, engine_url: str, tree: Path, scratch: Path) -> Gateway:
     port = free_port()
-    argv = [sys.executable, __file__, "--serve-gateway", engine_url, str(port)] + ([] if delta else ["--no-delta"])
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    records = scratch / f"records-{name}.jsonl"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(tree / d) for d in SRC_DIRS)}
+    argv = [sys.executable, str(Path(__file__).resolve()), "--serve-gateway", engine_url, str(port), str(records)]
+    log = (scratch / f"gateway-{name}.log").open("wb")  # kept for a crash's traceback
+    proc = subprocess.Popen(argv, env=env, cwd=str(tree), stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("gateway did not start")
+    wait_http(url + "/healthz", proc, f"gateway {name}", 60)
+    return Gateway(name, proc, url, records)
 
 
-def record_bytes(gw: str) -> tuple[float, float]:
-    text = httpx.get(gw + "/metrics").text
-    b = next(float(x.split()[1]) for x in text.splitlines() if x.startswith("floe_gateway_record_bytes_total "))
-    n = sum(
-        float(x.split()[1])
-        for x in text.splitlines()
-        if x.startswith("floe_gateway_calls_total{") and 'status="ok"' in x
-    )
-    return b, n
-
-
-def session(gw: str, sid: str, mode: TokenizationMode = TokenizationMode.CANONICAL) -> str:
+def session(gw: str, sid: str, mode: str = "canonical") -> str:
     r = httpx.post(
         gw + "/admin/sessions",
-        json={"session_id": sid, "tokenization": mode.value, "model": "policy"},
+        json={"session_id": sid, "tokenization": mode, "model": "policy"},
         headers={"authorization": f"Bearer {CONTROL}"},
     )
     r.raise_for_status()
@@ -177,34 +229,98 @@ async def throughput(
     return conc * per_session / (time.perf_counter() - t0)
 
 
-async def long_session_bytes(gw: str, turns: int, client: httpx.AsyncClient) -> tuple[float, float]:
-    tok = session(gw, "long", TokenizationMode.EXACT)
+async def cpu_per_call(client: httpx.AsyncClient, gw: Gateway, body: dict[str, Any], n: int) -> float:
+    """Gateway CPU milliseconds per call over ``n`` sequential calls of one session (nothing else runs in it)."""
+    sid = f"cpu-{'stream' if body.get('stream') else 'json'}"
+    h = {"authorization": f"Bearer {session(gw.url, sid)}"}
+    await call(client, gw.url + "/v1/chat/completions", h, body)  # warm: the session's first call, imports
+    c0 = gw.cpu_s()
+    for _ in range(n):
+        await call(client, gw.url + "/v1/chat/completions", h, body)
+    return (gw.cpu_s() - c0) / n * 1000
+
+
+async def long_session(gw: Gateway, turns: int, client: httpx.AsyncClient) -> None:
+    """A coding-agent-shaped exact-mode session: a long system prompt, tools, each turn adds a tool result."""
+    tok = session(gw.url, "long", "exact")
     h = {"authorization": f"Bearer {tok}"}
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": name,
+                "description": f"{name}: " + "what the tool does and when to use it. " * 12,
+                "parameters": {"type": "object", "properties": {"arg": {"type": "string"}}, "required": ["arg"]},
+            },
+        }
+        for name in ("bash", "read_file", "write_file", "search")
+    ]
     msgs: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent. " * 40}]
-    b0, n0 = record_bytes(gw)
     for t in range(turns):
         msgs.append({"role": "user", "content": f"step {t}: run the tests and report " + "output line\n" * 10})
         r = await client.post(
-            gw + "/v1/chat/completions",
+            gw.url + "/v1/chat/completions",
             headers=h,
-            json={"model": "policy", "messages": msgs, "max_tokens": 24, "seed": t},
+            json={"model": "policy", "messages": msgs, "tools": tools, "max_tokens": 24, "seed": t},
         )
         r.raise_for_status()
         msgs.append({"role": "assistant", "content": r.json()["choices"][0]["message"]["content"] or ""})
-    b1, n1 = record_bytes(gw)
-    return b1 - b0, n1 - n0
 
 
-async def main_async(quick: bool) -> None:
+def v1_bytes(call: ModelCallRecorded, prompt: tuple[int, ...] | None, request: dict[str, Any]) -> int:
+    """Bytes of ``call`` as ModelCallRecorded v1 wrote it (JSON lists, whole request; with ``prompt``: no prompt
+    delta either), rendered the way pydantic's ``model_dump_json`` does (compact, UTF-8)."""
+    raw = call.model_dump(mode="python")
+    for key in ("request_base_call_index", "request_messages_prefix", "request_same"):
+        raw.pop(key)
+    raw["schema_version"] = 1
+    raw["protocol"] = call.protocol.value
+    raw["tokenization"] = call.tokenization.value
+    raw["request"] = request
+    if prompt is not None:
+        raw.update(prompt_token_ids=list(prompt), prefix_call_index=None, prefix_len=0)
+    return len(json.dumps(raw, separators=(",", ":"), ensure_ascii=False).encode())
+
+
+@dataclass
+class Bytes:
+    calls: int
+    naive: list[int]
+    v1: list[int]
+    now: list[int]
+
+
+def session_bytes(records: Path, session_id: str) -> Bytes:
+    from contracts import ModelCallRecorded, decode, decode_prompts, decode_requests
+
+    lines = [line for line in records.read_bytes().splitlines() if line]
+    pairs = [(len(line), decode(ModelCallRecorded, line)) for line in lines]
+    pairs = sorted((p for p in pairs if p[1].session_id == session_id), key=lambda p: p[1].call_index)
+    calls = [c for _, c in pairs]
+    prompts, requests = decode_prompts(calls), decode_requests(calls)
+    return Bytes(
+        len(calls),
+        naive=[v1_bytes(c, p, r) for c, p, r in zip(calls, prompts, requests, strict=True)],
+        v1=[v1_bytes(c, None, r) for c, r in zip(calls, requests, strict=True)],
+        now=[n for n, _ in pairs],
+    )
+
+
+async def main_async(quick: bool, baseline: str, turns: int) -> dict[str, Any]:
     n_lat = 10 if quick else 40
-    turns = 12 if quick else 40
+    n_cpu = 30 if quick else 150
     # Enough calls that each throughput point lasts seconds, not a few hundred milliseconds (noise dominated).
     per_session = 4 if quick else 15
-    tmp = Path(tempfile.mkdtemp(prefix="floe-bench-gw-"))
-    proc, engine = start_engine(tmp / "model")
-    gw_proc, gw = start_gateway(engine, delta=True)
-    nodelta_proc, gw_nodelta = start_gateway(engine, delta=False)
+    scratch = Path(tempfile.mkdtemp(prefix="floe-bench-gw-"))
+    trees = {"this tree": ROOT}
+    if baseline != "none":
+        trees[f"baseline {baseline}"] = baseline_tree(baseline)
+    proc, engine = start_engine(scratch / "model")
+    gws: list[Gateway] = []
     try:
+        for tree in trees.values():
+            gws.append(start_gateway("now" if tree == ROOT else "base", engine, tree, scratch))
+        names = dict(zip((g.name for g in gws), trees, strict=True))
         async with httpx.AsyncClient(timeout=300, limits=httpx.Limits(max_connections=200)) as client:
             body = {
                 "model": "policy",
@@ -215,33 +331,32 @@ async def main_async(quick: bool) -> None:
                 "top_p": 1.0,
             }
             direct_body = {**body, "return_token_ids": True, "logprobs": True}
-            tok = session(gw, "lat")
-            gh = {"authorization": f"Bearer {tok}"}
-            for _ in range(3):  # warm up both paths
+            heads = {g.name: {"authorization": f"Bearer {session(g.url, 'lat')}"} for g in gws}
+            for _ in range(3):  # warm up every path
                 await call(client, engine + "/v1/chat/completions", {}, direct_body)
-                await call(client, gw + "/v1/chat/completions", gh, body)
-            t_direct, t_gw, added = [], [], []
-            for _ in range(n_lat):
+                for g in gws:
+                    await call(client, g.url + "/v1/chat/completions", heads[g.name], body)
+            cpu = {
+                g.name: (
+                    await cpu_per_call(client, g, body, n_cpu),
+                    await cpu_per_call(client, g, {**body, "stream": True}, n_cpu),
+                )
+                for g in gws
+            }
+            t_direct: list[float] = []
+            t_gw: dict[str, list[float]] = {g.name: [] for g in gws}
+            added: dict[str, list[float]] = {g.name: [] for g in gws}
+            for _ in range(n_lat):  # interleaved, so load drifts hit every column alike
                 t_direct.append(await ttft(client, engine + "/v1/chat/completions", {}, direct_body))
-                t_gw.append(await ttft(client, gw + "/v1/chat/completions", gh, body))
+                for g in gws:
+                    t_gw[g.name].append(await ttft(client, g.url + "/v1/chat/completions", heads[g.name], body))
             for _ in range(n_lat):
-                d = await call(client, engine + "/v1/chat/completions", {}, direct_body)
-                g = await call(client, gw + "/v1/chat/completions", gh, body)
-                added.append(g - d)
+                for g in gws:
+                    d = await call(client, engine + "/v1/chat/completions", {}, direct_body)
+                    x = await call(client, g.url + "/v1/chat/completions", heads[g.name], body)
+                    added[g.name].append(x - d)
             rows = []
             for conc in (1, 16, 64):
-                toks = [session(gw, f"tp{conc}-{i}") for i in range(conc)]
-                d = await throughput(
-                    client, engine + "/v1/chat/completions", lambda i: {}, direct_body, conc, per_session
-                )
-                g = await throughput(
-                    client,
-                    gw + "/v1/chat/completions",
-                    lambda i, toks=toks: {"authorization": f"Bearer {toks[i]}"},
-                    body,
-                    conc,
-                    per_session,
-                )
                 # the gateway always streams from the engine: the engine's own SSE path is the fair baseline too
                 ds = await throughput(
                     client,
@@ -251,47 +366,120 @@ async def main_async(quick: bool) -> None:
                     conc,
                     per_session,
                 )
-                rows.append((conc, d, ds, g))
-            b_on, n_on = await long_session_bytes(gw, turns, client)
-            b_off, n_off = await long_session_bytes(gw_nodelta, turns, client)
+                per_gw = {}
+                for g in gws:
+                    toks = [session(g.url, f"tp{conc}-{i}") for i in range(conc)]
+                    per_gw[g.name] = await throughput(
+                        client,
+                        g.url + "/v1/chat/completions",
+                        lambda i, toks=toks: {"authorization": f"Bearer {toks[i]}"},
+                        body,
+                        conc,
+                        per_session,
+                    )
+                rows.append((conc, ds, per_gw))
+            now = next(g for g in gws if g.name == "now")
+            await long_session(now, turns, client)
     finally:
-        for p in (gw_proc, nodelta_proc, proc):
+        for p in [g.proc for g in gws] + [proc]:
             p.terminate()
             p.wait(10)
+    b = session_bytes(now.records, "long")
+    return report(gws, names, cpu, t_direct, t_gw, added, rows, b, turns)
 
+
+def report(
+    gws: list[Gateway],
+    names: dict[str, str],
+    cpu: dict[str, tuple[float, float]],
+    t_direct: list[float],
+    t_gw: dict[str, list[float]],
+    added: dict[str, list[float]],
+    rows: list[tuple[int, float, dict[str, float]]],
+    b: Bytes,
+    turns: int,
+) -> dict[str, Any]:
     ms = 1000.0
-    print("\nfloe gateway benchmark (CPU engine, tiny random model; engine, gateway and client in 3 processes)")
-    print(f"{'metric':44} {'direct':>12} {'gateway':>12} {'ratio':>8}")
+    order = [g.name for g in gws]
+    cols = "".join(f"{names[n]:>22}" for n in order)
+    print("\nfloe gateway benchmark (CPU engine, tiny random model; engine, gateways and client in separate processes)")
+    print(f"{'metric':44}{'direct':>12}{cols}")
+    print(f"{'gateway CPU per call, non-streaming (ms)':44}{'':>12}" + "".join(f"{cpu[n][0]:22.2f}" for n in order))
+    print(f"{'gateway CPU per call, streaming (ms)':44}{'':>12}" + "".join(f"{cpu[n][1]:22.2f}" for n in order))
     for name, q in (("streaming TTFT p50 (ms)", 50), ("streaming TTFT p99 (ms)", 99)):
-        d, g = pct(t_direct, q) * ms, pct(t_gw, q) * ms
-        print(f"{name:44} {d:12.2f} {g:12.2f} {g / d:8.2f}")
+        d = pct(t_direct, q) * ms
+        print(f"{name:44}{d:12.2f}" + "".join(f"{pct(t_gw[n], q) * ms:22.2f}" for n in order))
+    d50 = pct(t_direct, 50)
     print(
-        f"{'added latency per call p50 / p99 (ms)':44} {'':>12} {pct(added, 50) * ms:5.2f} / {pct(added, 99) * ms:5.2f}"
+        f"{'streaming TTFT p50, gateway / direct':44}{'':>12}"
+        + "".join(f"{pct(t_gw[n], 50) / d50:22.2f}" for n in order)
     )
-    print(f"{'added latency mean (ms)':44} {'':>12} {statistics.mean(added) * ms:12.2f}")
-    # The gateway always streams from the engine, so "direct SSE" (the engine's own streaming path) is its floor.
+    for name, q in (("added latency per call p50 (ms)", 50), ("added latency per call p99 (ms)", 99)):
+        print(f"{name:44}{'':>12}" + "".join(f"{pct(added[n], q) * ms:22.2f}" for n in order))
+    for conc, ds, per_gw in rows:
+        print(
+            f"{f'calls/s at {conc} sessions (direct: engine SSE)':44}{ds:12.1f}"
+            + "".join(f"{per_gw[n]:22.1f}" for n in order)
+        )
+    if len(order) == 2:
+        n0, n1 = order
+        print(
+            f"this tree / baseline: CPU per call {cpu[n0][0] / cpu[n1][0]:.2f}x "
+            f"(streaming {cpu[n0][1] / cpu[n1][1]:.2f}x)"
+        )
+    tn, t1, tw = sum(b.naive), sum(b.v1), sum(b.now)
+    k = min(10, b.calls // 2)
+    print(f"\nKafka bytes of one {b.calls}-call exact-mode session (same records, three encodings)")
+    print(f"{'':44}{'naive':>12}{'v1 (today)':>14}{'v2 (now)':>12}")
+    print(f"{'bytes, whole session':44}{tn:12d}{t1:14d}{tw:12d}")
+    print(f"{'naive / encoding':44}{1.0:12.2f}{tn / t1:14.2f}{tn / tw:12.2f}")
+    first = [statistics.mean(x[:k]) for x in (b.naive, b.v1, b.now)]
+    last = [statistics.mean(x[-k:]) for x in (b.naive, b.v1, b.now)]
+    print(f"{f'bytes per call, first {k} calls':44}{first[0]:12.0f}{first[1]:14.0f}{first[2]:12.0f}")
+    print(f"{f'bytes per call, last {k} calls':44}{last[0]:12.0f}{last[1]:14.0f}{last[2]:12.0f}")
     print(
-        f"{'calls/s (non-streaming client)':44} {'direct':>12} {'gateway':>12} {'ratio':>8} {'direct SSE':>12}"
-        f" {'gw/SSE':>8}"
+        f"{'growth per call (last / first)':44}{last[0] / first[0]:12.2f}{last[1] / first[1]:14.2f}"
+        f"{last[2] / first[2]:12.2f}"
     )
-    for conc, d, ds, g in rows:
-        name = f"calls/s at {conc} concurrent sessions"
-        print(f"{name:44} {d:12.2f} {g:12.2f} {g / d:8.2f} {ds:12.2f} {g / ds:8.2f}")
-    print(f"{'':44} {'no delta':>12} {'delta':>12} {'ratio':>8}")
-    print(f"{f'Kafka bytes, {turns}-turn exact session':44} {b_off:12.0f} {b_on:12.0f} {b_on / b_off:8.3f}")
-    print(f"{'Kafka bytes per call':44} {b_off / n_off:12.0f} {b_on / n_on:12.0f}")
+    figures: dict[str, Any] = {"turns": turns}
+    for n in order:
+        tag = "" if n == "now" else "_baseline"
+        figures[f"gateway_cpu_ms_per_call{tag}"] = round(cpu[n][0], 3)
+        figures[f"gateway_cpu_ms_per_call_streaming{tag}"] = round(cpu[n][1], 3)
+        figures[f"added_latency_p50_ms{tag}"] = round(pct(added[n], 50) * ms, 3)
+        figures[f"added_latency_p99_ms{tag}"] = round(pct(added[n], 99) * ms, 3)
+        figures[f"ttft_p50_ms{tag}"] = round(pct(t_gw[n], 50) * ms, 3)
+        figures[f"ttft_ratio{tag}"] = round(pct(t_gw[n], 50) / d50, 3)
+        for conc, _, per_gw in rows:
+            figures[f"calls_per_s_{conc}{tag}"] = round(per_gw[n], 2)
+    figures["ttft_p50_ms_direct"] = round(d50 * ms, 3)
+    for conc, ds, _ in rows:
+        figures[f"calls_per_s_{conc}_direct_sse"] = round(ds, 2)
+    figures.update(
+        session_calls=b.calls,
+        bytes_naive=tn,
+        bytes_v1=t1,
+        bytes_v2=tw,
+        bytes_ratio=round(tn / tw, 2),
+        bytes_ratio_v1=round(tn / t1, 2),
+        bytes_per_call_growth_v2=round(last[2] / first[2], 3),
+        bytes_per_call_growth_naive=round(last[0] / first[0], 3),
+    )
+    return figures
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer samples (about a minute)")
-    parser.add_argument("--serve-gateway", nargs=2, metavar=("ENGINE_URL", "PORT"), help=argparse.SUPPRESS)
-    parser.add_argument("--no-delta", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--baseline", default=DEFAULT_BASELINE, help="git revision to compare with, or none")
+    parser.add_argument("--turns", type=int, default=40, help="calls of the long session (bytes)")
+    parser.add_argument("--serve-gateway", nargs=3, metavar=("ENGINE_URL", "PORT", "RECORDS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_gateway:
-        serve_gateway(args.serve_gateway[0], int(args.serve_gateway[1]), delta=not args.no_delta)
+        serve_gateway(args.serve_gateway[0], int(args.serve_gateway[1]), args.serve_gateway[2])
         return
-    asyncio.run(main_async(args.quick))
+    figures = asyncio.run(main_async(args.quick, args.baseline, args.turns))
+    write("gateway", figures)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """floe's wire contract: every event that crosses a process, the topic registry, and the codecs.
 
-Codecs: ``codec`` (bytes <-> events), ``prompt_delta`` (the delta-encoded prompts of ``ModelCallRecorded``, encoder
-and decoder), ``arrow`` (the Arrow schema of trajectory batches, its typed ``TrajectoryRow``, rows <-> table <-> IPC).
+Codecs: ``codec`` (bytes <-> events), ``prompt_delta`` and ``request_delta`` (the delta-encoded prompts and
+requests of ``ModelCallRecorded``, encoder and decoder), ``arrays`` (compact token ids and logprobs on the wire),
+``arrow`` (the Arrow schema of trajectory batches, its typed ``TrajectoryRow``, rows <-> table <-> IPC).
 ``advantages``: what the batches' ``advantage`` column holds (``group_advantages``, computed by the rollout).
 ``providers``: the provider APIs the gateway speaks (``Protocol``, ``PROVIDERS``), read by the gateway and presets.
 """
@@ -18,7 +19,7 @@ from contracts.arrow import (
     validate_table,
 )
 from contracts.codec import decode, encode
-from contracts.errors import ContractError, DecodeError, PromptDeltaError, SchemaVersionError
+from contracts.errors import ContractError, DecodeError, PromptDeltaError, RequestDeltaError, SchemaVersionError
 from contracts.events import (
     TERMINAL_STATES,
     VALID_TRANSITIONS,
@@ -45,6 +46,7 @@ from contracts.events import (
 from contracts.ids import BatchId, GroupId, SessionId, new_batch_id, new_group_id, new_session_id, valid_id
 from contracts.prompt_delta import PromptDelta, decode_prompt, decode_prompts, encode_prompt
 from contracts.providers import PROVIDERS, Provider, provider_for_path
+from contracts.request_delta import RequestDelta, decode_request, decode_requests, encode_request
 from contracts.topics import (
     DEAD_LETTER,
     MODEL_CALLS,
@@ -93,6 +95,8 @@ __all__ = [
     "PromptDeltaError",
     "Protocol",
     "Provider",
+    "RequestDelta",
+    "RequestDeltaError",
     "RewardPublished",
     "SamplingPolicy",
     "SchemaVersionError",
@@ -111,8 +115,11 @@ __all__ = [
     "decode",
     "decode_prompt",
     "decode_prompts",
+    "decode_request",
+    "decode_requests",
     "encode",
     "encode_prompt",
+    "encode_request",
     "group_advantages",
     "new_batch_id",
     "new_group_id",

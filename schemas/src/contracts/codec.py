@@ -5,7 +5,9 @@ Every event is UTF-8 JSON, except that a ``TrajectoryBatch`` with an inline Arro
 zero-copy ``memoryview`` slice of the message, so the learner can open them without copying.
 
 Decoding checks ``schema_version`` *before* validating the model: a message from a newer producer raises
-``SchemaVersionError`` instead of being mis-read by an older model.
+``SchemaVersionError`` instead of being mis-read by an older model. Older versions an event still reads
+(``Event.READS``) are upgraded by the model itself (a ``mode="before"`` validator), so ``model_validate`` on a
+replayed JSONL line reads them too.
 """
 
 from __future__ import annotations
@@ -55,7 +57,11 @@ def decode(model: type[E], data: bytes | memoryview) -> E:
     if not isinstance(raw, dict):
         raise DecodeError(f"{model.__name__}: expected a JSON object, got {type(raw).__name__}")
     version = raw.get("schema_version")
-    if not isinstance(version, int) or isinstance(version, bool) or version != model.SCHEMA_VERSION:
+    if (
+        not isinstance(version, int)
+        or isinstance(version, bool)
+        or (version != model.SCHEMA_VERSION and version not in model.READS)
+    ):
         raise SchemaVersionError(model.__name__, version, model.SCHEMA_VERSION)
     if payload is not None:
         if model is not TrajectoryBatch:

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import enum
 import time
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, model_validator
 
+from contracts.arrays import decode_floats, decode_ints, encode_floats, encode_ints
 from contracts.providers import Protocol  # kept with the provider descriptions (one home per provider API)
 
 __all__ = [
@@ -60,6 +61,8 @@ class Event(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
 
     SCHEMA_VERSION: ClassVar[int] = 1
+    # Versions this build decodes: the current one, plus older ones the model upgrades on validation.
+    READS: ClassVar[frozenset[int]] = frozenset({1})
     schema_version: int = 1
 
     @model_validator(mode="after")
@@ -244,6 +247,16 @@ class CallTimings(BaseModel):
     total_ms: float = 0.0
 
 
+# Token ids and logprobs travel as compact strings (``contracts.arrays``) and are lists in memory; a plain JSON list
+# (v1, fixtures) is read too. The serializer runs for JSON only, so ``model_dump()`` still gives lists.
+TokenIds = Annotated[
+    list[int], BeforeValidator(decode_ints), PlainSerializer(encode_ints, return_type=str, when_used="json")
+]
+Logprobs = Annotated[
+    list[float], BeforeValidator(decode_floats), PlainSerializer(encode_floats, return_type=str, when_used="json")
+]
+
+
 class ModelCallRecorded(Event):
     """One model call at token level: what the model saw and what it sampled.
 
@@ -256,9 +269,21 @@ class ModelCallRecorded(Event):
     followed by its completion ids. With ``prefix_call_index=None`` (and ``prefix_len=0``) ``prompt_token_ids`` is
     the whole prompt. ``prompt_len`` is the full length. Encoder and decoder: ``contracts.prompt_delta``.
 
+    Request delta encoding (v2): ``request`` holds what changed against the full request of call
+    ``request_base_call_index`` (messages after the first ``request_messages_prefix``, fields not in
+    ``request_same``); with ``request_base_call_index=None`` it is the whole request. Encoder and decoder:
+    ``contracts.request_delta``. Token ids and logprobs are compact strings on the wire (``contracts.arrays``).
+
+    Versions: 2 (delta-encoded requests, compact arrays); 1 (whole requests, JSON lists) is still read: it is a v2
+    record whose request has no base.
+
     Invariant: ``len(completion_logprobs) == len(completion_token_ids)``; each logprob is the sampling logprob of
     that token under the weights of ``weight_version``.
     """
+
+    SCHEMA_VERSION: ClassVar[int] = 2
+    READS: ClassVar[frozenset[int]] = frozenset({1, 2})
+    schema_version: int = 2
 
     session_id: str
     call_index: int = Field(ge=0)
@@ -268,24 +293,40 @@ class ModelCallRecorded(Event):
     model: str
     engine_id: str = ""
     weight_version: int = Field(ge=0)
-    prompt_token_ids: list[int]
+    prompt_token_ids: TokenIds
     prefix_call_index: int | None = None
     prefix_len: int = Field(default=0, ge=0)
     prompt_len: int = Field(ge=0)
-    completion_token_ids: list[int]
-    completion_logprobs: list[float]
+    completion_token_ids: TokenIds
+    completion_logprobs: Logprobs
     finish_reason: FinishReason
     prefix_extends_previous: bool | None = Field(
         default=None,
         description="does this prompt start with the previous call's prompt + sampled completion (the property the "
-        "trainer needs)? Always true for exact-mode calls that extend a chain; canonical mode reports its breaks",
+        "trainer needs)? Always true for exact-mode calls that extend a chain; canonical mode reports its breaks; "
+        "null when there is no previous call or the mode does not check",
     )
-    request: dict[str, Any] = Field(default_factory=dict, description="canonical request, within a size cap")
+    request: dict[str, Any] = Field(
+        default_factory=dict, description="canonical request (or its delta against the base call), within a size cap"
+    )
+    request_base_call_index: int | None = Field(
+        default=None, description="the earlier call whose full request this one's request is a delta against"
+    )
+    request_messages_prefix: int = Field(default=0, ge=0, description="leading messages taken from the base")
+    request_same: list[str] = Field(default_factory=list, description="request fields equal to the base's")
     request_truncated: bool = False
     sampling: dict[str, Any] = Field(default_factory=dict, description="effective sampling parameters")
     gateway_changes: list[str] = Field(default_factory=list, description="what the gateway changed, e.g. overrides")
     timings: CallTimings = CallTimings()
     started_at: int = Field(default_factory=now_ms)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _upgrade(cls, data: Any) -> Any:
+        # v1 -> v2: every v1 field means the same in v2, and a v1 request is whole (no base).
+        if isinstance(data, dict) and data.get("schema_version") == 1:
+            data = {**data, "schema_version": 2}
+        return data
 
     @model_validator(mode="after")
     def _aligned(self) -> ModelCallRecorded:
@@ -297,6 +338,11 @@ class ModelCallRecorded(Event):
             raise ValueError("prefix_call_index must name an earlier call")
         if self.prefix_len + len(self.prompt_token_ids) != self.prompt_len:
             raise ValueError("prefix_len + len(prompt_token_ids) != prompt_len")
+        if self.request_base_call_index is None:
+            if self.request_messages_prefix or self.request_same:
+                raise ValueError("request_messages_prefix or request_same without request_base_call_index")
+        elif self.request_base_call_index >= self.call_index:
+            raise ValueError("request_base_call_index must name an earlier call")
         return self
 
 

@@ -41,7 +41,7 @@ from fastapi.responses import StreamingResponse
 from google import genai
 from google.genai import types as gt
 
-from contracts import ModelCallRecorded, TokenizationMode, decode_prompts
+from contracts import ModelCallRecorded, TokenizationMode, decode_prompts, decode_requests
 from gateway import GatewaySettings, create_app
 from gateway.canonical import TextDelta, ToolCallDelta
 from gateway.errors import ContextOverflow
@@ -275,6 +275,19 @@ def full_prompts(recs: list[ModelCallRecorded]) -> list[list[int]]:
     return [decoded[(r.session_id, r.call_index)] for r in recs]
 
 
+def full_requests(recs: list[ModelCallRecorded]) -> list[dict[str, Any]]:
+    """The full canonical request of each record (request delta encoding undone per session)."""
+    by_session: dict[str, list[ModelCallRecorded]] = {}
+    for r in recs:
+        by_session.setdefault(r.session_id, []).append(r)
+    decoded = {
+        (r.session_id, r.call_index): q
+        for calls in by_session.values()
+        for r, q in zip(calls, decode_requests(calls), strict=True)
+    }
+    return [decoded[(r.session_id, r.call_index)] for r in recs]
+
+
 def render_chat(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
     """The prompt ids ``transformers`` makes with the checkpoint's chat template (the template has the special
     tokens, so none are added)."""
@@ -314,8 +327,9 @@ def check_calls(
     gens = stack.tap.generations()
     assert len(recs) == len(gens) == len(seen), (len(recs), len(gens), len(seen))
     fulls = full_prompts(recs)
+    requests = full_requests(recs)
     out = []
-    for rec, full, ex, client_text in zip(recs, fulls, gens, seen, strict=True):
+    for rec, full, req, ex, client_text in zip(recs, fulls, requests, gens, seen, strict=True):
         assert ex.status == 200, bytes(ex.raw)[:500]
         ans = engine_answer(ex)
         assert full == ans.prompt_ids, f"call {rec.call_index}: recorded prompt is not what the engine consumed"
@@ -326,7 +340,7 @@ def check_calls(
         if rec.tokenization is TokenizationMode.EXACT:
             assert ex.request["prompt"] == full, "exact mode: the ids sent are the ids recorded"
         else:
-            assert full == render_chat(tokenizer, rec.request["messages"], rec.request["tools"]), (
+            assert full == render_chat(tokenizer, req["messages"], req["tools"]), (
                 f"call {rec.call_index}: {stack.engine.name} rendered the chat template differently from transformers"
             )
         v = visible(tokenizer, rec.completion_token_ids, stop)

@@ -112,3 +112,42 @@ def test_reasoning_is_split_out(gw) -> None:
     msg = out.choices[0].message
     assert msg.content == "Hi there."
     assert msg.model_extra["reasoning_content"] == "I should greet."
+
+
+def test_calls_reuse_one_engine_connection(gw) -> None:
+    """The gateway reads each engine stream to its end, so httpx keeps the connection (breaking at ``[DONE]`` had
+    every call open a new TCP connection to the engine)."""
+    creds = gw.session()
+    client = _client(gw, creds)
+    before = len(gw.engine.peers)
+    for i in range(4):
+        client.chat.completions.create(
+            model="floe-policy", messages=[{"role": "user", "content": f"call {i}"}], stream=bool(i % 2)
+        )
+    peers = gw.engine.peers[before:]
+    # Unread responses gave 4 connections for 4 calls. An idle connection may still expire between calls on a loaded
+    # machine (keep-alive timeouts of 5 s), so one reconnect is tolerated.
+    assert len(peers) == 4 and len(set(peers)) <= 2, peers
+
+
+def test_a_session_records_request_deltas_that_rebuild_every_request(gw) -> None:
+    """v2 records: each call after the first carries only its new messages; the decoder rebuilds what was sent."""
+    from contracts import decode_requests
+
+    creds = gw.session()
+    client = _client(gw, creds)
+    tools = [{"type": "function", "function": {"name": "bash", "description": "run", "parameters": {"type": "object"}}}]
+    messages: list[dict[str, str]] = [{"role": "system", "content": "you are a coding agent " * 20}]
+    for i in range(3):
+        messages.append({"role": "user", "content": f"step {i}"})
+        out = client.chat.completions.create(model="floe-policy", messages=messages, tools=tools)
+        messages.append({"role": "assistant", "content": out.choices[0].message.content or ""})
+    recs = sorted(gw.sink.events, key=lambda r: r.call_index)
+    full = decode_requests(recs)
+    assert [[(m["role"], m["content"]) for m in f["messages"]] for f in full] == [
+        [(m["role"], m["content"]) for m in messages[: 2 + 2 * i]] for i in range(3)
+    ]
+    assert all(f["tools"] == full[0]["tools"] and f["tools"][0]["function"]["name"] == "bash" for f in full)
+    later = recs[1:]
+    assert all(r.request_base_call_index == r.call_index - 1 and "tools" in r.request_same for r in later)
+    assert all(len(r.request["messages"]) == 2 for r in later)  # the previous answer and the new user turn

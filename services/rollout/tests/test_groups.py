@@ -1,12 +1,13 @@
 from __future__ import annotations
 
+import json
 import random
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import generate_latest
 
-from contracts import Event, ModelCallRecorded, Outcome, SessionState
+from contracts import Event, ModelCallRecorded, Outcome, SessionState, encode_request
 from rollout.groups import GroupAssembler
 
 from .simulate import SessionPlan, simulate_group
@@ -150,3 +151,36 @@ def test_eval_rounds_are_reported_per_round_with_the_versions_that_served_them()
     assert rounds[1]["min_weight_version"] <= rounds[1]["max_weight_version"]
     text = generate_latest(metrics.registry).decode()
     assert 'floe_rollout_eval_round_solved{round="1",run="heldout"} 0.75' in text
+
+
+def test_the_export_gets_each_traces_full_request_from_delta_encoded_records() -> None:
+    """v2 records carry request deltas; the row's request_json is the last call's whole request, rebuilt."""
+    events = simulate_group("g9", [SessionPlan(reward=1.0), SessionPlan(reward=0.0)], random.Random(3))
+    fulls: dict[tuple[str, int], dict[str, object]] = {}
+    out: list[Event] = []
+    for e in events:
+        if isinstance(e, ModelCallRecorded):
+            full = {
+                "messages": [{"role": "user", "content": f"turn {i}"} for i in range(e.call_index + 1)],
+                "tools": [{"name": "bash"}],
+            }
+            base = (e.call_index - 1, fulls[(e.session_id, e.call_index - 1)]) if e.call_index else None
+            fulls[(e.session_id, e.call_index)] = full
+            d = encode_request(full, base)
+            e = e.model_copy(
+                update={
+                    "request": d.request,
+                    "request_base_call_index": d.base_call_index,
+                    "request_messages_prefix": d.messages_prefix,
+                    "request_same": list(d.same),
+                }
+            )
+            assert e.call_index == 0 or "tools" not in e.request  # what the wire carries is the delta
+        out.append(e)
+    a = GroupAssembler()
+    _feed(a, out)
+    result = a.take("g9")
+    for s in result.sessions:
+        last_index = max(i for sid, i in fulls if sid == s.session_id)
+        assert last_index >= 1
+        assert [json.loads(x["request_json"]) for x in s.extras][-1] == fulls[(s.session_id, last_index)]

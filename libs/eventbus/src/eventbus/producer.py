@@ -80,6 +80,7 @@ class Delivery:
     topic: str
     partition: int
     offset: int
+    size: int = 0  # bytes of the value as produced (so a caller need not encode the event again to count them)
 
 
 class Producer:
@@ -177,7 +178,7 @@ class Producer:
             if err is not None:
                 result: Delivery | EventBusError = from_kafka_error(err, f"deliver to {topic.name}")
             else:
-                result = Delivery(msg.topic() or topic.name, msg.partition() or 0, msg.offset() or 0)
+                result = Delivery(msg.topic() or topic.name, msg.partition() or 0, msg.offset() or 0, len(value))
             # RuntimeError: the loop is closed, nobody is waiting any more.
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(_settle, fut, result)

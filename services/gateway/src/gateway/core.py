@@ -29,7 +29,16 @@ from typing import Any
 
 import structlog
 
-from contracts import CallTimings, ModelCallRecorded, Protocol, TokenizationMode, encode_prompt, now_ms
+from contracts import (
+    CallTimings,
+    ModelCallRecorded,
+    Protocol,
+    RequestDelta,
+    TokenizationMode,
+    encode_prompt,
+    encode_request,
+    now_ms,
+)
 from gateway.canonical import (
     CanonicalRequest,
     Message,
@@ -354,12 +363,16 @@ class Turn:
             bases = [(e.call_index, e.sequence) for e in session.chain] if gw.delta_encoding else []
             delta = encode_prompt(prompt, bases)
             extends: bool | None = None
-            if session.tokenization is TokenizationMode.CANONICAL:
-                prev = session.chain[-1] if session.chain else None
-                extends = prev is not None and prompt[: len(prev.sequence)] == prev.sequence
-                if prev is not None and not extends:
+            prev = session.chain[-1] if session.chain else None
+            if session.tokenization is TokenizationMode.CANONICAL and prev is not None:
+                # The first call has no previous call: null, not a break (counting breaks must not count it).
+                extends = prompt[: len(prev.sequence)] == prev.sequence
+                if not extends:
                     gw.metrics.prefix_breaks.inc()
-            request, truncated = _capped_request(self.req, gw.settings.record_request_max_bytes)
+            base = None
+            if gw.delta_encoding:
+                base = next(((e.call_index, e.request) for e in reversed(session.chain) if e.request is not None), None)
+            req_delta, whole = _recorded_request(self.req, base, gw.settings.record_request_max_bytes)
             record = ModelCallRecorded(
                 session_id=session.session_id,
                 call_index=call_index,
@@ -377,8 +390,11 @@ class Turn:
                 completion_logprobs=lps,
                 finish_reason=self.result.finish_reason,
                 prefix_extends_previous=extends,
-                request=request,
-                request_truncated=truncated,
+                request=req_delta.request,
+                request_base_call_index=req_delta.base_call_index,
+                request_messages_prefix=req_delta.messages_prefix,
+                request_same=list(req_delta.same),
+                request_truncated=whole is None,
                 sampling=self._sampling,
                 gateway_changes=self.changes,
                 timings=CallTimings(
@@ -402,6 +418,7 @@ class Turn:
                     prompt_ids=prompt,
                     completion_ids=ids,
                     finish_reason=self.result.finish_reason,
+                    request=whole,
                 )
             )
             del session.chain[: -gw.settings.exact_history]
@@ -441,11 +458,17 @@ class Turn:
             self.gw.admission.leave()
 
 
-def _capped_request(req: CanonicalRequest, cap: int) -> tuple[dict[str, Any], bool]:
+def _recorded_request(
+    req: CanonicalRequest, base: tuple[int, dict[str, Any]] | None, cap: int
+) -> tuple[RequestDelta, dict[str, Any] | None]:
+    """What the record carries of ``req``: its delta against ``base`` (or the whole request), within ``cap`` bytes of
+    JSON; and the full request a decoder rebuilds from it, or None when it had to be truncated."""
     full = req.to_record()
-    if len(json.dumps(full, ensure_ascii=False)) <= cap:
-        return full, False
+    delta = encode_request(full, base)
+    if len(json.dumps(delta.request, ensure_ascii=False)) <= cap:
+        return delta, full
     # Keep the shape, shorten the text: tools by name only, then each message's content to a share of the cap.
+    # A truncated record names no base and is no base: nothing downstream could rebuild what follows from it.
     full["tools"] = [t.name for t in req.tools]
     per = max(256, cap // max(1, 2 * len(full["messages"])))
     for m in full["messages"]:
@@ -453,4 +476,4 @@ def _capped_request(req: CanonicalRequest, cap: int) -> tuple[dict[str, Any], bo
             m["content"] = m["content"][:per] + "…"
     while len(json.dumps(full, ensure_ascii=False)) > cap and len(full["messages"]) > 1:
         full["messages"].pop(0)
-    return full, True
+    return RequestDelta(None, 0, (), full), None

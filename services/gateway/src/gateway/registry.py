@@ -69,6 +69,9 @@ class ChainEntry:
     prompt_ids: list[int]
     completion_ids: list[int]
     finish_reason: str
+    # The full canonical request as a decoder rebuilds it (None when the record was truncated): the base of the next
+    # call's request delta.
+    request: dict[str, Any] | None = None
 
     @property
     def sequence(self) -> list[int]:

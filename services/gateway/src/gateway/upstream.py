@@ -38,6 +38,7 @@ from typing import Any
 
 import httpx
 import structlog
+from pydantic_core import from_json
 
 from gateway.canonical import ToolCall, new_call_id
 from gateway.errors import ContextOverflow, InvalidRequest, UpstreamError, UpstreamUnavailable
@@ -188,7 +189,7 @@ def _parse_chunk(data: dict[str, Any], header_version: int | None) -> EngineChun
     if data.get("weight_version") is not None:
         chunk.weight_version = int(data["weight_version"])
     if data.get("prompt_token_ids") is not None:
-        chunk.prompt_token_ids = [int(t) for t in data["prompt_token_ids"]]
+        chunk.prompt_token_ids = list(map(int, data["prompt_token_ids"]))
     if data.get("usage"):
         chunk.usage = {k: int(v) for k, v in data["usage"].items() if isinstance(v, int)}
     choices = data.get("choices") or []
@@ -202,8 +203,8 @@ def _parse_chunk(data: dict[str, Any], header_version: int | None) -> EngineChun
         else:
             chunk.text = c.get("text") or ""
         if c.get("prompt_token_ids") is not None and chunk.prompt_token_ids is None:
-            chunk.prompt_token_ids = [int(t) for t in c["prompt_token_ids"]]
-        chunk.token_ids = [int(t) for t in (c.get("token_ids") or [])]
+            chunk.prompt_token_ids = list(map(int, c["prompt_token_ids"]))
+        chunk.token_ids = list(map(int, c.get("token_ids") or ()))
         chunk.logprobs = _logprobs_of(c)
         if len(chunk.logprobs) != len(chunk.token_ids):
             raise UpstreamError(
@@ -368,15 +369,21 @@ class EngineClient:
                     lines = resp.aiter_lines()
                     # closed on break too, not left to the GC finalizer (httpx types it as a plain AsyncIterator)
                     async with contextlib.aclosing(lines):  # type: ignore[type-var]
+                        done = False
                         async for line in lines:
-                            if not line.startswith("data:"):
+                            # After [DONE], read on to the end of the body instead of breaking: a response closed
+                            # unread drops its keep-alive connection, and every call then paid a new TCP connect
+                            # to the engine (measured: the pool stayed empty; ~10 % of the gateway's time).
+                            if done or not line.startswith("data:"):
                                 continue
                             payload = line[5:].strip()
                             if payload == "[DONE]":
-                                break
+                                done = True
+                                continue
                             try:
-                                data = json.loads(payload)
-                            except json.JSONDecodeError as exc:
+                                # pydantic-core's Rust parser: ~2x json.loads on the first chunk's prompt ids
+                                data = from_json(payload)
+                            except ValueError as exc:
                                 raise UpstreamError("engine sent a non-JSON SSE data line") from exc
                             yield url, _parse_chunk(data, header_version)
                 return

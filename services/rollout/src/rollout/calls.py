@@ -8,6 +8,8 @@ Invariants checked here (a violation raises ``ReconstructionError``, never a sil
   records with one ``call_index`` are a conflict;
 - every prompt decodes: its referenced prefix call exists and is long enough, and the decoded length equals
   ``prompt_len`` (``contracts.PromptDeltaError``, re-raised as ``ReconstructionError`` with the same message).
+``full_requests`` undoes the request delta encoding (``contracts.request_delta``) the same way; only the dataset
+export reads requests, so the builders never pay for it.
 Gaps in ``call_index`` are allowed (a lost record is reported by the caller via ``SessionFinished.calls``), but a call
 whose prefix refers to a missing call cannot be decoded and raises.
 """
@@ -16,10 +18,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
-from contracts import FinishReason, ModelCallRecorded, PromptDeltaError, TokenizationMode, decode_prompts
+from contracts import (
+    FinishReason,
+    ModelCallRecorded,
+    PromptDeltaError,
+    RequestDeltaError,
+    TokenizationMode,
+    decode_prompts,
+    decode_requests,
+)
 
-__all__ = ["DecodedCall", "ReconstructionError", "decode_calls"]
+__all__ = ["DecodedCall", "ReconstructionError", "decode_calls", "full_requests"]
 
 
 class ReconstructionError(ValueError):
@@ -78,3 +89,13 @@ def decode_calls(calls: Iterable[ModelCallRecorded]) -> list[DecodedCall]:
         )
         for call, prompt in zip(ordered, prompts, strict=True)
     ]
+
+
+def full_requests(calls: Iterable[ModelCallRecorded]) -> dict[int, dict[str, Any]]:
+    """call_index -> full canonical request of one session's calls (any order, each once); raise
+    ``ReconstructionError`` if a request refers to a call that is missing or does not fit it."""
+    ordered = sorted(calls, key=lambda c: c.call_index)
+    try:
+        return {c.call_index: r for c, r in zip(ordered, decode_requests(ordered), strict=True)}
+    except RequestDeltaError as exc:
+        raise ReconstructionError(str(exc)) from exc

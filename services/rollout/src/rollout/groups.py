@@ -33,7 +33,7 @@ from contracts import (
 )
 from rollout.advantages import classify, needs_reward
 from rollout.builders import build_trajectories
-from rollout.calls import ReconstructionError
+from rollout.calls import ReconstructionError, full_requests
 from rollout.trace import ReconstructionStats, Trace
 
 __all__ = ["GroupAssembler", "GroupResult", "SessionRows", "group_size_of"]
@@ -301,6 +301,10 @@ class GroupAssembler:
         items: list[Trace | None] = list(traces) or [None]
         rows: list[TrajectoryRow] = []
         extras: list[dict[str, Any]] = []
+        try:
+            requests = full_requests(s.calls.values())
+        except ReconstructionError:
+            requests = {}  # the dataset export counts the row as skipped_no_request; training is unaffected
         for i, trace in enumerate(items):
             tokens = trace.tokens if trace else ()
             if trace is not None and trainable:
@@ -329,9 +333,10 @@ class GroupAssembler:
                 )
             )
             last = s.calls.get(trace.call_indices[-1]) if trace else None
+            request = requests.get(last.call_index) if last else None
             extras.append(
                 {
-                    "request_json": json.dumps(last.request, sort_keys=True) if last and last.request else None,
+                    "request_json": json.dumps(request, sort_keys=True) if request else None,
                     "final_completion": list(last.completion_token_ids) if last else [],
                 }
             )
