@@ -35,6 +35,11 @@ def run_dir() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="floe-learns-"))
     path.chmod(0o755)
     yield path
+    # The services' logs of the last run outlive it (a failure, a timeout especially, is read from them).
+    keep = Path(tempfile.gettempdir()) / "floe-learns-last-logs"
+    shutil.rmtree(keep, ignore_errors=True)
+    if (path / "logs").is_dir():
+        shutil.copytree(path / "logs", keep)
     shutil.rmtree(path, ignore_errors=True)
 
 

@@ -115,7 +115,6 @@ class FakeEngine:
     def __init__(self, weight_version: int = 3) -> None:
         self.weight_version = weight_version
         self.requests: list[tuple[str, dict[str, Any]]] = []
-        self.peers: list[tuple[str, int]] = []  # (host, port) of each generation's TCP connection
         self.app = self._build()
 
     def _build(self) -> FastAPI:
@@ -146,8 +145,6 @@ class FakeEngine:
         async def chat(request: Request) -> Any:
             body = await request.json()
             engine.requests.append(("/v1/chat/completions", body))
-            if request.client is not None:
-                engine.peers.append((request.client.host, request.client.port))
             prompt = encode(render(body["messages"], body.get("tools"), True))
             return engine._generate(body, prompt, chat=True)
 

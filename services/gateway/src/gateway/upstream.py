@@ -369,17 +369,17 @@ class EngineClient:
                     lines = resp.aiter_lines()
                     # closed on break too, not left to the GC finalizer (httpx types it as a plain AsyncIterator)
                     async with contextlib.aclosing(lines):  # type: ignore[type-var]
-                        done = False
                         async for line in lines:
-                            # After [DONE], read on to the end of the body instead of breaking: a response closed
-                            # unread drops its keep-alive connection, and every call then paid a new TCP connect
-                            # to the engine (measured: the pool stayed empty; ~10 % of the gateway's time).
-                            if done or not line.startswith("data:"):
+                            if not line.startswith("data:"):
                                 continue
                             payload = line[5:].strip()
                             if payload == "[DONE]":
-                                done = True
-                                continue
+                                # Breaking here drops the keep-alive connection (httpx discards a response closed
+                                # unread), so every call opens a new one. Reading on to reuse it was tried and
+                                # reverted: a pooled connection the engine had just closed (its keep-alive timeout)
+                                # failed calls mid-demo, and SessionFinished.calls counts failed calls, which the
+                                # rollout then waits for. Reuse needs a retry on a stale pooled connection first.
+                                break
                             try:
                                 # pydantic-core's Rust parser: ~2x json.loads on the first chunk's prompt ids
                                 data = from_json(payload)
