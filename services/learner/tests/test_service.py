@@ -89,6 +89,12 @@ async def test_serve_trains_publishes_and_skips_redelivered_batches(
         assert [w.version for w in seen] == [1, 2, 3]  # no version for the redelivery or the corrupt batch
         assert [w.step for w in seen] == [1, 2, 3]
         assert all(w.base_model == "policy" and "loss" in w.metrics for w in seen)
+        # The learner's own clock: every step took time, and it was never busier than the time since the first batch.
+        for w in seen:
+            m = w.metrics
+            assert m["learner_step_s"] > 0 and m["learner_wait_s"] >= 0
+            assert 0 < m["learner_busy_s"] <= m["learner_window_s"] and 0 < m["learner_busy_fraction"] <= 1
+        assert seen[0].metrics["learner_wait_s"] == 0  # nothing was waited for before the first batch
         stop.set()
         await asyncio.wait_for(task, 60)
         state = read_state(Path(seen[-1].uri))
