@@ -33,13 +33,13 @@ def test_chain_order_and_isolation_flags() -> None:
     assert "--share-net" not in argv
     assert argv[argv.index("--info-fd") + 1] == "6"
     launcher = argv.index("--", argv.index("/dev"))
-    assert argv[launcher + 1 : launcher + 7] == [
-        "/usr/bin/python3",
-        "-I",
-        "-S",
-        f"{RUN_MOUNT}/sandbox_init.py",
-        "--lifeline",
+    # No bridge: the shell launcher (no Python start per sandbox).
+    assert argv[launcher + 1 : launcher + 6] == [
+        "/bin/bash",
+        "-p",
+        f"{RUN_MOUNT}/sandbox_init.sh",
         "5",
+        "--unset-shlvl",
     ]
     assert argv[-3:] == ["--", "bash", "/floe/eval.sh"]
 
@@ -76,5 +76,15 @@ def test_mount_order_tmp_before_the_spec_mounts_run_dir_last() -> None:
 def test_bridge_and_identity() -> None:
     s = spec(bridge=Bridge(18080, ("127.0.0.1", 1)), identity=Identity("agent", "/home/agent"))
     argv = build_command(s, Path("/r"), pinned={}, lifeline_fd=5)
+    launcher = argv.index("--", argv.index("/dev"))
+    # The bridge needs a TCP listener inside: the Python launcher.
+    assert argv[launcher + 1 : launcher + 7] == [
+        "/usr/bin/python3",
+        "-I",
+        "-S",
+        f"{RUN_MOUNT}/sandbox_init.py",
+        "--lifeline",
+        "5",
+    ]
     assert argv[argv.index("--bridge") + 1 : argv.index("--bridge") + 3] == ["18080", f"{RUN_MOUNT}/gateway.sock"]
     assert argv[argv.index("/etc/passwd") - 1] == "/r/passwd" and argv[argv.index("/etc/group") - 1] == "/r/group"

@@ -30,7 +30,7 @@ def test_eval_script_follows_the_harness_shape() -> None:
 
 
 def test_bwrap_job_spec_and_isolation_flags() -> None:
-    sb = BwrapSandbox(ro_paths=[Path("/opt/env")], init_python=Path("/opt/env/bin/python3"))
+    sb = BwrapSandbox(ro_paths=[Path("/opt/env")])
     job = Job(input_dir=Path("/var/tmp/in"), limits=Limits(cpu_s=7, nproc=9, testbed_bytes=1234))
     spec = sb.spec(job, 61005)
     assert (spec.uid, spec.gid, spec.cwd, spec.network, spec.stderr) == (61005, 61005, "/testbed", "none", None)
@@ -38,15 +38,18 @@ def test_bwrap_job_spec_and_isolation_flags() -> None:
     argv = build_command(spec, Path("/run-dir"), pinned={}, lifeline_fd=5)
     assert "--reuid=61005" in argv and "--regid=61005" in argv and "--clear-groups" in argv
     assert "--cpu=7" in argv and "--nproc=9" in argv and "--core=0" in argv
-    for flag in ("--unshare-all", "--die-with-parent", "--new-session", "--disable-userns", "--lifeline"):
+    for flag in ("--unshare-all", "--die-with-parent", "--new-session", "--disable-userns"):
         assert flag in argv
+    # No bridge in a grading sandbox: the bash launcher, with the lifeline's fd, then the eval script.
+    launcher = argv.index("/bin/bash")
+    assert argv[launcher : launcher + 4] == ["/bin/bash", "-p", "/run/floe/sandbox_init.sh", "5"]
     # --tmpfs /tmp comes before the test environment's bind (later mounts would be shadowed otherwise)
     assert argv.index("/tmp") < argv.index("/opt/env")
     i = argv.index("/var/tmp/in")
     assert argv[i - 1] == "--ro-bind" and argv[i + 1] == "/floe"
     j = argv.index("/testbed")
     assert argv[j - 3 : j + 1] == ["--size", "1234", "--tmpfs", "/testbed"]
-    assert "/opt/env/bin/python3" in argv and argv[-2:] == ["bash", "/floe/eval.sh"]
+    assert argv[-2:] == ["bash", "/floe/eval.sh"]
     assert "/run" not in argv and "/var/run/docker.sock" not in argv
 
 

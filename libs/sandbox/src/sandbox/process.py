@@ -8,8 +8,9 @@ that the namespace's init really left (held by a pidfd, so a reused pid is never
 Lifeline: ``--die-with-parent`` has a window. bwrap arms it only once it runs, and its namespace init re-arms it
 after a credential switch; a parent that dies, or cancels a start, inside that window leaves a sandbox that runs
 until its program ends, unwatched. So the caller also holds the write end of a pipe whose read end goes into the
-sandbox. The launcher's helper (``sandbox_init.py``) kills every process of the sandbox when that pipe reaches EOF:
-the caller cut it (``wait``/``kill``), or the kernel did because the caller died. There is no window: the pipe
+sandbox. The launcher's helper (``sandbox_init.sh``, or ``sandbox_init.py`` with a bridge) kills every process of
+the sandbox when that pipe reaches EOF: the caller cut it (``wait``/``kill``), or the kernel did because the caller
+died. There is no window: the pipe
 exists before the fork, and nobody else holds the write end (close-on-exec, and never in ``pass_fds``).
 
 ``run`` is start -> wait(timeout) -> kill in one call; ``run_sync`` is the same for threads without a loop.
@@ -32,7 +33,7 @@ from pathlib import Path
 
 from sandbox.bridge import UnixBridge
 from sandbox.capture import Capture
-from sandbox.command import INIT_SCRIPT, build_command
+from sandbox.command import LAUNCHERS, build_command
 from sandbox.spec import Bind, SandboxError, SandboxSpec
 
 __all__ = ["SandboxProcess", "SandboxResult", "run", "run_sync"]
@@ -143,7 +144,8 @@ class SandboxProcess:
         # bwrap writes {"child-pid": N, ...}\n once the namespace exists; exiting without it means bwrap failed
         # before (its stderr says why).
         assert self._proc is not None
-        pause = 0.001
+        # bwrap takes a few ms to get there: poll finely at first (a memfd cannot be waited on), then back off.
+        pause = 0.0005
         while True:
             exited = self._proc.returncode is not None
             data = os.pread(info, 65536, 0)
@@ -155,7 +157,7 @@ class SandboxProcess:
             if exited:
                 return None
             await asyncio.sleep(pause)
-            pause = min(pause * 2, 0.02)
+            pause = min(pause * 1.5, 0.02)
 
     def _run_dir(self) -> Path:
         spec = self.spec
@@ -166,7 +168,7 @@ class SandboxProcess:
             run_dir = spec.run_dir
         # bwrap resolves bind sources as the sandbox uid, and the launcher reads its script as that uid.
         os.chmod(run_dir, 0o755)
-        files = {INIT_SCRIPT.name: INIT_SCRIPT.read_text()}
+        files = {launcher.name: launcher.read_text() for launcher in LAUNCHERS}
         if spec.identity is not None:
             ident, uid, gid = spec.identity, spec.uid if spec.uid is not None else os.geteuid(), spec.gid
             gid = gid if gid is not None else os.getegid()
@@ -239,13 +241,13 @@ class SandboxProcess:
         fd = self._ns_init_fd
         if fd is None:
             return True
-        deadline = time.monotonic() + timeout
-        while not _exited(fd):
-            if time.monotonic() > deadline:
-                return False
+        if not _exited(fd):
             with contextlib.suppress(ProcessLookupError):
                 signal.pidfd_send_signal(fd, signal.SIGKILL)
-            await asyncio.sleep(0.02)
+            # Woken by the pidfd itself (readable once the process exits), not by polling: the namespace's init
+            # usually leaves a moment after bwrap, and a 20 ms poll cost more than a short sandbox runs.
+            if not await _readable(fd, timeout):
+                return False
         os.close(fd)
         self._ns_init_fd = None
         return True
@@ -328,6 +330,25 @@ def _traversable(path: Path) -> bool:
         except OSError:
             return False
     return True
+
+
+async def _readable(fd: int, timeout: float) -> bool:
+    """Wait until ``fd`` polls readable (a pidfd: its process exited); False after ``timeout`` seconds."""
+    loop = asyncio.get_running_loop()
+    ready = loop.create_future()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_reader(fd, wake)
+    try:
+        await asyncio.wait_for(ready, timeout)
+        return True
+    except TimeoutError:
+        return _exited(fd)
+    finally:
+        loop.remove_reader(fd)
 
 
 def _exited(pidfd: int) -> bool:

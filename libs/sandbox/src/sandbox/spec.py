@@ -130,7 +130,7 @@ class SandboxSpec:
     bridge: Bridge | None = None
     identity: Identity | None = None
     run_dir: Path | None = None
-    init_python: Path = Path("/usr/bin/python3")  # runs the in-sandbox launcher (standard library only)
+    init_python: Path = Path("/usr/bin/python3")  # runs the Python launcher of a bridged sandbox (stdlib only)
     stdout: Keep = field(default_factory=Keep)
     stderr: Keep | None = field(default_factory=Keep)
 

@@ -34,7 +34,6 @@ def make_grader(settings: ScorerSettings) -> tuple[Grader, ProbeResult]:
                 ro_paths=testenv.ro_paths(),
                 first_uid=settings.first_uid,
                 pool_size=settings.workers,
-                init_python=testenv.python,
             )
             probe = probe_bwrap(bwrap, settings.work_dir)
             sandbox = bwrap

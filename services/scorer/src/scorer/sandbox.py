@@ -179,12 +179,9 @@ class BwrapSandbox:
         ro_paths: Sequence[Path] = (),
         first_uid: int = 61000,
         pool_size: int = 16,
-        init_python: Path = Path("/usr/bin/python3"),
     ) -> None:
         self.ro_paths = [Path(p) for p in ro_paths]
         self.first_uid = first_uid
-        # runs the launcher inside (the test interpreter: it is there anyway, read-only, reachable by the job's uid)
-        self.init_python = init_python
         self._uids = UidPool(first_uid, pool_size)
         self._as_root = os.geteuid() == 0
 
@@ -202,7 +199,6 @@ class BwrapSandbox:
             mounts=tuple(mounts),
             tmp_bytes=lim.testbed_bytes,
             limits=lim.rlimits(),
-            init_python=self.init_python,
             # One stream: the markers come from ``set -x`` on stderr (evalscript); both ends are kept.
             stdout=Keep(head=OUTPUT_CAP // 2, tail=OUTPUT_CAP // 2),
             stderr=None,
