@@ -149,3 +149,39 @@ async def test_harness_on_bundled_task_over_kafka_with_cpu_engine(
     assert finished.calls >= len(calls) >= 1
     assert finished.diff == "" or finished.diff.startswith("diff --git")
     assert Path(finished.task_id).name == TASK
+
+
+@pytest.mark.parametrize("harness", ["toy", "toy-openai"])
+async def test_toy_agent_both_clients_answer_through_the_gateway(
+    stack: tuple[NodeTopics, Producer, Seen], taskset: Any, harness: str
+) -> None:
+    """The demo's toy agent, with its standard-library client (``toy``) and with the official openai SDK
+    (``toy-openai``): one recorded call each, and the reply lands in answer.txt, which is the session's diff."""
+    from floe_tasks import TaskSet
+
+    topics, producer, seen = stack
+    task_id = TaskSet.from_source("toy").ids()[0]
+    req = request(
+        taskset,
+        harness=harness,
+        task_id=task_id,
+        task_source="toy",
+        sampling=SamplingPolicy(temperature=1.0, max_tokens=8, seed=1),
+        agent_timeout_s=120,
+        session_timeout_s=180,
+    )
+    await producer.send(topics.requested, req)
+    deadline = time.monotonic() + 200
+    while req.session_id not in seen.finished:
+        assert time.monotonic() < deadline, f"no result; states so far {seen.states.get(req.session_id)}"
+        await asyncio.sleep(0.2)
+    finished = seen.finished[req.session_id]
+    detail = f"{finished.reason}\nstdout: {finished.stdout_tail[-1500:]}\nstderr: {finished.stderr_tail[-2500:]}"
+    assert finished.status is SessionState.DONE and finished.exit_code == 0, detail
+    assert "answer: " in finished.stdout_tail, detail
+    deadline = time.monotonic() + 30
+    while not seen.calls.get(req.session_id) and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    (call,) = seen.calls[req.session_id]
+    assert 1 <= len(call.completion_token_ids) <= 8 and finished.calls == 1
+    assert "answer.txt" in finished.diff, finished.diff
