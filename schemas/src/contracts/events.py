@@ -222,7 +222,12 @@ class SessionFinished(Event):
     stdout_tail: str = ""
     stderr_tail: str = ""
     turns: int = Field(default=0, ge=0)
-    calls: int = Field(default=0, ge=0)
+    calls: int = Field(
+        default=0,
+        ge=0,
+        description="model calls recorded for the session (the ModelCallRecorded events to expect); calls the "
+        "gateway could not serve have no record and are counted in timings_ms['failed_calls']",
+    )
     timings_ms: dict[str, float] = Field(default_factory=dict)
     finished_at: int = Field(default_factory=now_ms)
 

@@ -154,5 +154,5 @@ async def test_harness_preset_on_real_model_ends_with_calls_recorded(
         assert finished.status is SessionState.FAILED, detail
         assert overflow is not None, detail
         assert int(overflow.group(1)) > CONTEXT and int(overflow.group(2)) == CONTEXT, detail
-        assert finished.calls > len(calls), detail
+        assert finished.calls == len(calls) and finished.timings_ms["failed_calls"] >= 1, detail
     assert finished.diff == "" or finished.diff.startswith("diff --git")

@@ -125,6 +125,30 @@ async def test_refused_call_names_the_gateway_error_in_the_reason(
     assert finished.reason.startswith("harness command exited with code 1; the gateway refused 1 call(s), the last: ")
     assert "context_overflow: prompt is too long" in finished.reason and "maximum context length" in finished.reason
     assert "HTTP Error 400" in finished.stderr_tail
+    assert finished.calls == 0 and finished.timings_ms["failed_calls"] == 1  # no record to wait for
+
+
+async def test_calls_counts_only_recorded_calls_when_one_failed_and_the_harness_retried(
+    node: tuple[SessionNode, EventLog], taskset: LocalTaskSet
+) -> None:
+    # An SDK that retries a failed call makes two calls for one answer: only the served one has a record on the
+    # calls topic, and SessionFinished.calls is what the rollout waits for (it stalled for its grace period when
+    # this counted the failed call too).
+    call = (
+        'python3 -c "import json,os,urllib.request as u, urllib.error as e\n'
+        "def ask(text):\n"
+        "    body = json.dumps({'model': 'm', 'messages': [{'role': 'user', 'content': text}]}).encode()\n"
+        "    h = {'Authorization': 'Bearer ' + os.environ['OPENAI_API_KEY'], 'Content-Type': 'application/json'}\n"
+        "    return u.urlopen(u.Request(os.environ['OPENAI_BASE_URL'] + '/chat/completions', body, h)).read()\n"
+        "try:\n"
+        "    ask('x' * 400001)\n"
+        "except e.HTTPError:\n"
+        "    ask('hi')\n\""
+    )
+    n, _ = node
+    finished = await run(n, request(taskset, metadata={"command": call}))
+    assert finished.status is SessionState.DONE and finished.exit_code == 0, finished.stderr_tail
+    assert finished.calls == 1 and finished.turns == 1 and finished.timings_ms["failed_calls"] == 1
 
 
 async def test_agent_timeout_kills_tree_and_keeps_diff(

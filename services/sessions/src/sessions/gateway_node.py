@@ -64,7 +64,10 @@ class RegistryGateway:
     def stats(self, session_id: str) -> SessionStats:
         stats = self.registry.stats(session_id)
         ok, failed = stats.get("calls_ok", 0), stats.get("calls_failed", 0)
-        return SessionStats(calls=ok + failed, turns=ok, failed=failed, last_error=stats.get("last_error"))
+        # ``calls`` is what consumers can expect on the model-calls topic (the rollout waits for that many records
+        # and counts a session usable by it): a call the gateway could not serve has no record, so it is counted
+        # apart (``failed``, published as timings_ms["failed_calls"]).
+        return SessionStats(calls=ok, turns=ok, failed=failed, last_error=stats.get("last_error"))
 
     def close(self, session_id: str) -> None:
         self.registry.close(session_id)

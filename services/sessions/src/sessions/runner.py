@@ -53,8 +53,8 @@ log = structlog.get_logger()
 
 @dataclass(frozen=True)
 class SessionStats:
-    calls: int = 0  # every call the gateway saw for the session
-    turns: int = 0  # calls served and recorded
+    calls: int = 0  # calls served and recorded: SessionFinished.calls, the records the rollout waits for
+    turns: int = 0  # calls served and recorded (harnesses without a turn notion: the same as calls)
     failed: int = 0  # calls the gateway could not serve (engine down, bad request, ...)
     last_error: str | None = None  # the gateway's error for the last of them, "<kind>: <message>"
 
@@ -253,6 +253,7 @@ class SessionRunner:
             return SessionStats()
         run.timings["calls"] = float(stats.calls)
         run.timings["turns"] = float(stats.turns)
+        run.timings["failed_calls"] = float(stats.failed)
         return stats
 
     async def _start_harness(self, run: _Run, prompt: str) -> None:
@@ -350,6 +351,8 @@ class SessionRunner:
     def _finished(self, run: _Run, status: SessionState, reason: str | None) -> SessionFinished:
         request = run.request
         timings: dict[str, float] = {"prepare_ms": run.timings.get("prepare_ms", 0.0), "pool_hit": float(run.pool_hit)}
+        if run.timings.get("failed_calls"):  # calls the gateway could not serve: no record on the calls topic
+            timings["failed_calls"] = run.timings["failed_calls"]
         spans = {
             "acquire_ms": ("preparing", "ready"),
             "ready_wait_ms": ("ready", "slot"),
