@@ -1,6 +1,6 @@
 """Learner busy fraction: synchronous collection vs floe's asynchronous admission with straggler cut-off.
 
-    .venv/bin/python bench/learner_busy/run.py [--steps 10] [--median-s 2] [--tail-fraction 0.1] [--tail-factor 20]
+    .venv/bin/python bench/learner_busy/run.py [--steps 24] [--sync-steps 8] [--median-s 2] [--tail-fraction 0.1]
 
 Polar's headline is GPU utilisation 20.4 % -> 87.7 %: the learner stops waiting on the long tail of sessions. This
 bench measures floe's learner the same way, with the real services and a synthetic fleet:
@@ -18,8 +18,18 @@ Two modes, same fleet, same seed:
 
 - ``sync``: collect every session of a step, train, repeat (``max_off_policy_steps=0``, no cut-off): the learner
   waits for the slowest session of each step;
-- ``async``: floe's defaults for throughput: admission runs ``max_off_policy_steps=2`` steps ahead of the learner
-  and a group's stragglers are cancelled once ``min_usable_fraction`` of it is done.
+- ``async``: asynchronous admission up to ``max_off_policy_steps=4`` steps ahead of the learner, 5 steps' worth
+  of groups in flight, and a group's stragglers cancelled once ``min_usable_fraction=0.75`` of it is done. Why 4: a
+  group with two tail sessions is not cut (3 of 4 must be done) and stays admitted-but-unfinished for a tail's
+  duration, and the lag bound counts it; with lag 2 those groups used up most of the budget and the learner was 61 %
+  busy over 24 steps (57 % with more groups in flight, so the lag bound, not the in-flight cap, was the limit).
+
+Sync steps are long (each waits for its slowest session), so the sync run is shorter (``--sync-steps``); the busy
+fraction is a per-step ratio either way.
+
+Admission is not capped at ``--steps`` (the rollout keeps scheduling until the bench stops it), so the figures are
+the steady state of a long run, not the drain at the end of a finite one (where no new group can replace a
+straggling one and the last step waits in both modes).
 
 The learner reports its own clock in every ``WeightsPublished`` (``learner.train.BusyClock``): busy fraction = time
 on batches (decode, train, checkpoint) / time since the first batch arrived. Printed side by side with steps per
@@ -80,7 +90,7 @@ class Mode:
     groups_in_flight: int  # multiples of groups_per_step
 
 
-MODES = (Mode("sync", 0, 1.0, 1), Mode("async", 2, 0.75, 3))
+MODES = (Mode("sync", 0, 1.0, 1), Mode("async", 4, 0.75, 5))
 
 
 @dataclass
@@ -94,14 +104,17 @@ class Fleet:
     tail_fraction: float
     tail_factor: float
     turns: tuple[int, int] = (2, 4)
+    # Durations from their own stream: the n-th request gets the same duration in both modes (the token content
+    # draws from ``rng`` interleave with arrivals, which differ between modes).
+    durations: random.Random = field(default_factory=lambda: random.Random(0))
     cancels: dict[str, asyncio.Event] = field(default_factory=dict)
     started: int = 0
     cancelled: int = 0
     tail_sessions: int = 0
 
     def duration(self) -> float:
-        body = self.median_s * math.exp(self.rng.gauss(0.0, 0.5))
-        if self.rng.random() < self.tail_fraction:
+        body = self.median_s * math.exp(self.durations.gauss(0.0, 0.5))
+        if self.durations.random() < self.tail_fraction:
             self.tail_sessions += 1
             return body * self.tail_factor
         return body
@@ -182,6 +195,7 @@ def _state(port: int) -> dict[str, Any]:
 
 async def run_mode(mode: Mode, args: argparse.Namespace, kafka: KafkaSettings, work: Path) -> dict[str, float]:
     suffix = f".{mode.name}"
+    steps = args.sync_steps if mode.name == "sync" else args.steps
     topics = Topics.with_suffix(suffix)
     await ensure_topics(kafka, topics.all)
     model_dir = work / "model"
@@ -236,7 +250,6 @@ async def run_mode(mode: Mode, args: argparse.Namespace, kafka: KafkaSettings, w
                 "FLOE_ROLLOUT_MIN_USABLE_FRACTION": str(mode.min_usable_fraction),
                 "FLOE_ROLLOUT_GROUP_SELECTION": "off",
                 "FLOE_ROLLOUT_EOT_TOKEN_IDS": json.dumps([EOT]),
-                "FLOE_ROLLOUT_MAX_STEPS": str(args.steps),
                 "FLOE_ROLLOUT_CLAIM_URL": str(run_dir / "batches"),
                 "FLOE_ROLLOUT_DATASET_DIR": str(run_dir / "dataset"),
                 "FLOE_ROLLOUT_HTTP_PORT": str(rollout_port),
@@ -245,6 +258,7 @@ async def run_mode(mode: Mode, args: argparse.Namespace, kafka: KafkaSettings, w
         ),
     ]
     fleet = Fleet(kafka, topics, random.Random(args.seed), args.median_s, args.tail_fraction, args.tail_factor)
+    fleet.durations = random.Random(args.seed + 1)
     stop = asyncio.Event()
     published: list[WeightsPublished] = []
     t0 = time.monotonic()
@@ -254,7 +268,7 @@ async def run_mode(mode: Mode, args: argparse.Namespace, kafka: KafkaSettings, w
         fleet_task = asyncio.create_task(fleet.run(stop, f"fleet{suffix}"))
         async with Consumer(kafka, [topics.weights], group_id=f"bench{suffix}") as weights:
             deadline = time.monotonic() + args.timeout_s
-            while len({w.version for w in published if w.version > 0}) < args.steps:
+            while len({w.version for w in published if w.version > 0}) < steps:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"{mode.name}: {len(published)} versions after {args.timeout_s:.0f} s")
                 msg = await weights.next(timeout_s=0.5)
@@ -275,9 +289,10 @@ async def run_mode(mode: Mode, args: argparse.Namespace, kafka: KafkaSettings, w
     last = max(published, key=lambda w: w.version).metrics
     return {
         "busy_fraction": last["learner_busy_fraction"],
-        "steps_per_minute": args.steps / last["learner_window_s"] * 60,
+        "steps": float(steps),
+        "steps_per_minute": steps / last["learner_window_s"] * 60,
         "window_s": last["learner_window_s"],
-        "mean_step_s": last["learner_busy_s"] / args.steps,
+        "mean_step_s": last["learner_busy_s"] / steps,
         "sessions_started": float(fleet.started),
         "sessions_cancelled": float(fleet.cancelled),
         "straggler_cuts": float(counters.get("cancelled_straggler", 0)),
@@ -288,13 +303,13 @@ async def run_mode(mode: Mode, args: argparse.Namespace, kafka: KafkaSettings, w
 
 async def main_async(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="floe-bench-busy-") as tmp:
-        work = Path(tmp)
+        work = args.keep or Path(tmp)
         broker = LocalBroker.at(work / "kafka")
         address = await asyncio.to_thread(broker.start, free_port(), free_port(), owner_pid=os.getpid())
         kafka = KafkaSettings(bootstrap_servers=address)
         results: dict[str, dict[str, float]] = {}
         try:
-            for mode in MODES:
+            for mode in [m for m in MODES if m.name in args.modes]:
                 print(
                     f"== {mode.name}: max_off_policy_steps={mode.max_off_policy_steps}, "
                     f"min_usable_fraction={mode.min_usable_fraction}",
@@ -303,15 +318,20 @@ async def main_async(args: argparse.Namespace) -> int:
                 results[mode.name] = await run_mode(mode, args, kafka, work)
         finally:
             await asyncio.to_thread(broker.stop)
+    if len(results) < 2:
+        print(json.dumps(results, indent=1))
+        return 0
     s, a = results["sync"], results["async"]
     print(
-        f"\nlearner busy bench: {args.steps} steps x {args.groups_per_step} groups x {args.group_size} sessions; "
+        f"\nlearner busy bench: {args.sync_steps} sync / {args.steps} async steps x {args.groups_per_step} groups x "
+        f"{args.group_size} sessions; "
         f"durations: {1 - args.tail_fraction:.0%} lognormal(median {args.median_s} s, sigma 0.5), "
         f"{args.tail_fraction:.0%} x{args.tail_factor:g}; model hidden {args.hidden}, {args.layers} layers, 1 thread"
     )
     print(f"{'':<26}{'sync':>10}{'async':>10}{'async/sync':>12}")
     for key, label, fmt in (
         ("busy_fraction", "learner busy fraction", "{:>10.1%}"),
+        ("steps", "steps measured", "{:>10.0f}"),
         ("steps_per_minute", "steps per minute", "{:>10.2f}"),
         ("mean_step_s", "mean step (s)", "{:>10.2f}"),
         ("window_s", "first batch -> last (s)", "{:>10.1f}"),
@@ -324,16 +344,15 @@ async def main_async(args: argparse.Namespace) -> int:
     figures = {f"{k}_{mode}": v for mode, r in results.items() for k, v in r.items()}
     figures["busy_ratio"] = a["busy_fraction"] / s["busy_fraction"]
     figures["steps_per_minute_ratio"] = a["steps_per_minute"] / s["steps_per_minute"]
-    figures.update(
-        steps=args.steps, median_s=args.median_s, tail_fraction=args.tail_fraction, tail_factor=args.tail_factor
-    )
+    figures.update(median_s=args.median_s, tail_fraction=args.tail_fraction, tail_factor=args.tail_factor)
     write_report("learner_busy", figures)
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=24, help="learner steps measured (async)")
+    parser.add_argument("--sync-steps", type=int, default=8, help="learner steps measured (sync: ~1 min each)")
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--groups-per-step", type=int, default=2)
     parser.add_argument("--median-s", type=float, default=2.0, help="median session duration")
@@ -342,6 +361,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hidden", type=int, default=256, help="width of the random learner model")
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--modes", type=lambda v: v.split(","), default=[m.name for m in MODES], help="sync,async")
+    parser.add_argument("--keep", type=Path, default=None, help="keep the run directory (services' logs) here")
     parser.add_argument("--timeout-s", type=float, default=900.0, help="per mode")
     configure_logging("bench", level="WARNING")
     return asyncio.run(main_async(parser.parse_args(argv)))
