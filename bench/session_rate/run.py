@@ -1,6 +1,6 @@
 """Sessions per second of the demo's toy workload, stage by stage, for harness presets side by side.
 
-    .venv/bin/python bench/session_rate/run.py [--sessions 64] [--presets toy-openai,toy]
+    .venv/bin/python bench/session_rate/run.py [--sessions 64] [--presets toy,toy-stdlib]
 
 Where does a toy session's second go? This runs the demo's own stack for ``--model tiny`` (``floe.demo``: a local
 Kafka broker, the CPU engine with the tiny model, a gateway node with the demo's limits, the scorer), without the
@@ -9,8 +9,8 @@ demo's group size, so the READY pool works as in the demo) and waits for every `
 is real: the harness runs sandboxed, calls the engine through the gateway over HTTP, its answer is graded in the
 scorer's sandbox.
 
-For each preset (default: ``toy-openai``, the toy agent with the official openai SDK, which is what the demo ran
-before; ``toy``, the same agent with a standard-library client, what it runs now) it prints sessions per second
+For each preset (default: ``toy``, the toy agent with the official openai SDK, which is what the demo runs;
+``toy-stdlib``, the same agent with a standard-library client) it prints sessions per second
 (first request to last reward), the medians of the node's stage timings (``SessionFinished.timings_ms``) and of the
 scorer's, end-to-end latency, and CPU seconds per session: the whole machine's (``/proc/stat``: everything, the
 sandboxed harnesses included, and whatever else the machine ran meanwhile) and each service process's own (the
@@ -147,7 +147,7 @@ async def measure(args: argparse.Namespace, demo: Demo) -> dict[str, dict[str, f
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=64)
-    parser.add_argument("--presets", type=lambda s: s.split(","), default=["toy-openai", "toy"])
+    parser.add_argument("--presets", type=lambda s: s.split(","), default=["toy", "toy-stdlib"])
     args = parser.parse_args(argv)
     configure_logging("bench", level="WARNING")
     with tempfile.TemporaryDirectory(prefix="floe-bench-rate-") as tmp:

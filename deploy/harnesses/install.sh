@@ -33,8 +33,8 @@ declare -A NPM_BIN=(
   [codex]=codex [claude-code]=claude [qwen-code]=qwen [pi]=pi [gemini-cli]=gemini [opencode]=opencode
 )
 MINI_SWE_AGENT_SPEC="mini-swe-agent==2.4.6"
-# The demo's toy agent (deploy/harnesses/toy_agent.py): a venv with the official openai SDK (preset toy-openai;
-# the demo's preset toy uses the standard-library client of the same script).
+# The demo's toy agent (deploy/harnesses/toy_agent.py): a venv with the official openai SDK (preset toy, the demo's;
+# preset toy-stdlib runs the same script with its standard-library client).
 TOY_AGENT_SPEC="openai==3.57.0"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 

@@ -151,12 +151,12 @@ async def test_harness_on_bundled_task_over_kafka_with_cpu_engine(
     assert Path(finished.task_id).name == TASK
 
 
-@pytest.mark.parametrize("harness", ["toy", "toy-openai"])
+@pytest.mark.parametrize("harness", ["toy", "toy-stdlib"])
 async def test_toy_agent_both_clients_answer_through_the_gateway(
     stack: tuple[NodeTopics, Producer, Seen], taskset: Any, harness: str
 ) -> None:
-    """The demo's toy agent, with its standard-library client (``toy``) and with the official openai SDK
-    (``toy-openai``): one recorded call each, and the reply lands in answer.txt, which is the session's diff."""
+    """The demo's toy agent, with the official openai SDK (``toy``) and with its standard-library client
+    (``toy-stdlib``): one recorded call each, and the reply lands in answer.txt, which is the session's diff."""
     from floe_tasks import TaskSet
 
     topics, producer, seen = stack
