@@ -99,14 +99,14 @@ class Fleet:
 
     kafka: KafkaSettings
     topics: Topics
-    rng: random.Random
+    rng: random.Random  # token content
+    # Durations from their own stream: the n-th request gets the same duration in both modes (the token content
+    # draws from ``rng`` interleave with arrivals, which differ between modes).
+    durations: random.Random
     median_s: float
     tail_fraction: float
     tail_factor: float
     turns: tuple[int, int] = (2, 4)
-    # Durations from their own stream: the n-th request gets the same duration in both modes (the token content
-    # draws from ``rng`` interleave with arrivals, which differ between modes).
-    durations: random.Random = field(default_factory=lambda: random.Random(0))
     cancels: dict[str, asyncio.Event] = field(default_factory=dict)
     started: int = 0
     cancelled: int = 0
@@ -257,8 +257,15 @@ async def run_mode(mode: Mode, args: argparse.Namespace, kafka: KafkaSettings, w
             ready_url=f"http://127.0.0.1:{rollout_port}/health",
         ),
     ]
-    fleet = Fleet(kafka, topics, random.Random(args.seed), args.median_s, args.tail_fraction, args.tail_factor)
-    fleet.durations = random.Random(args.seed + 1)
+    fleet = Fleet(
+        kafka,
+        topics,
+        random.Random(args.seed),
+        random.Random(args.seed + 1),
+        args.median_s,
+        args.tail_fraction,
+        args.tail_factor,
+    )
     stop = asyncio.Event()
     published: list[WeightsPublished] = []
     t0 = time.monotonic()

@@ -38,14 +38,12 @@ from contracts import (
     REWARDS,
     SESSIONS_FINISHED,
     SESSIONS_REQUESTED,
-    TOPICS,
     RewardPublished,
     SamplingPolicy,
     SessionFinished,
     SessionRequested,
 )
-from eventbus import Consumer, KafkaSettings, Producer, ensure_topics_sync
-from eventbus.broker import free_port
+from eventbus import Consumer, KafkaSettings, Producer
 from eventbus.logging import configure_logging
 from floe.demo import Demo, DemoConfig
 from floe.stack import Stack
@@ -152,17 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging("bench", level="WARNING")
     with tempfile.TemporaryDirectory(prefix="floe-bench-rate-") as tmp:
         demo = Demo(DemoConfig.for_model("tiny", run_dir=Path(tmp), dashboard=False))
-        run_dir = demo.run_dir
-        address = demo.broker.start(free_port(), free_port(), owner_pid=os.getpid())
-        demo.kafka = KafkaSettings(bootstrap_servers=address)
         try:
-            ensure_topics_sync(demo.kafka, TOPICS)
-            demo.init_model()
-            demo._sandbox_dirs()
-            demo.stack = Stack(run_dir, base_env=demo.base_env())
-            for spec in demo.services():
-                if spec.name in SERVICES:
-                    demo.stack.start(spec)
+            demo.up(only=SERVICES)
             results = asyncio.run(measure(args, demo))
         finally:
             demo.down()

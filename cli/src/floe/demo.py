@@ -42,6 +42,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -270,9 +271,10 @@ class Demo:
         self.sandbox_root.mkdir(mode=0o755, parents=True, exist_ok=True)
         self.sandbox_root.chmod(0o755)
 
-    def up(self) -> None:
-        """Start the broker, create the topics and the model, start every service and wait until each is ready.
-        Tests call this, then drive ``self.stack`` (kill -9, restart) and ``restart_broker``; ``down`` undoes it."""
+    def up(self, only: Collection[str] | None = None) -> None:
+        """Start the broker, create the topics and the model, start every service (or those named in ``only``) and
+        wait until each is ready. Tests call this, then drive ``self.stack`` (kill -9, restart) and
+        ``restart_broker``; ``down`` undoes it. Benchmarks pass ``only`` to run part of the stack."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.say(f"run directory {self.run_dir}")
         address = self.broker.start(free_port(), free_port(), owner_pid=os.getpid())
@@ -284,7 +286,7 @@ class Demo:
         self.stack = Stack(self.run_dir, base_env=self.base_env())
         # Everything but the gateway starts at once (each loads torch or a model; they only meet over Kafka); the
         # gateway waits for the engine it proxies. Readiness is awaited in order, so a failure names its service.
-        specs = self.services()
+        specs = [spec for spec in self.services() if only is None or spec.name in only]
         for spec in specs:
             if spec.name != "gateway":
                 self.stack.start(spec, wait=False)

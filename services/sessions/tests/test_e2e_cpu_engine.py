@@ -26,6 +26,7 @@ from contracts import (
     ModelCallRecorded,
     SamplingPolicy,
     SessionFinished,
+    SessionRequested,
     SessionState,
     SessionStateChanged,
     Topic,
@@ -116,6 +117,20 @@ async def stack(
                 await asyncio.gather(node_task, pump, return_exceptions=True)
 
 
+async def _run_to_end(
+    topics: NodeTopics, producer: Producer, seen: Seen, req: SessionRequested, timeout_s: float
+) -> tuple[SessionFinished, str]:
+    """Request the session, wait for its SessionFinished; return it with a failure message of its reason and output."""
+    await producer.send(topics.requested, req)
+    deadline = time.monotonic() + timeout_s
+    while req.session_id not in seen.finished:
+        assert time.monotonic() < deadline, f"no result; states so far {seen.states.get(req.session_id)}"
+        await asyncio.sleep(0.2)
+    finished = seen.finished[req.session_id]
+    detail = f"{finished.reason}\nstdout: {finished.stdout_tail[-1500:]}\nstderr: {finished.stderr_tail[-2500:]}"
+    return finished, detail
+
+
 @pytest.mark.parametrize("harness", ["pi", "codex", "claude-code", "qwen-code"])
 async def test_harness_on_bundled_task_over_kafka_with_cpu_engine(
     stack: tuple[NodeTopics, Producer, Seen], taskset: Any, harness: str
@@ -130,13 +145,7 @@ async def test_harness_on_bundled_task_over_kafka_with_cpu_engine(
         agent_timeout_s=240,
         session_timeout_s=300,
     )
-    await producer.send(topics.requested, req)
-    deadline = time.monotonic() + 320
-    while req.session_id not in seen.finished:
-        assert time.monotonic() < deadline, f"no result; states so far {seen.states.get(req.session_id)}"
-        await asyncio.sleep(0.2)
-    finished = seen.finished[req.session_id]
-    detail = f"{finished.reason}\nstdout: {finished.stdout_tail[-1500:]}\nstderr: {finished.stderr_tail[-2500:]}"
+    finished, detail = await _run_to_end(topics, producer, seen, req, timeout_s=320)
     assert finished.status is SessionState.DONE, detail
     # Calls and results travel on different topics: give the call records a moment to arrive.
     deadline = time.monotonic() + 30
@@ -170,13 +179,7 @@ async def test_toy_agent_both_clients_answer_through_the_gateway(
         agent_timeout_s=120,
         session_timeout_s=180,
     )
-    await producer.send(topics.requested, req)
-    deadline = time.monotonic() + 200
-    while req.session_id not in seen.finished:
-        assert time.monotonic() < deadline, f"no result; states so far {seen.states.get(req.session_id)}"
-        await asyncio.sleep(0.2)
-    finished = seen.finished[req.session_id]
-    detail = f"{finished.reason}\nstdout: {finished.stdout_tail[-1500:]}\nstderr: {finished.stderr_tail[-2500:]}"
+    finished, detail = await _run_to_end(topics, producer, seen, req, timeout_s=200)
     assert finished.status is SessionState.DONE and finished.exit_code == 0, detail
     assert "answer: " in finished.stdout_tail, detail
     deadline = time.monotonic() + 30
