@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,7 @@ __all__ = [
     "prune",
     "read_state",
     "save_checkpoint",
+    "wait_for_model",
 ]
 
 log = structlog.get_logger()
@@ -120,6 +122,26 @@ class LearnerState:
             base_model=str(raw.get("base_model", "")),
             trained_batch=raw.get("trained_batch"),
         )
+
+
+def wait_for_model(model_dir: Path, timeout_s: float, *, poll_s: float = 1.0) -> None:
+    """Return once ``model_dir`` holds a model (its ``config.json``), or raise after ``timeout_s``.
+
+    A base model another service writes (compose's inference creates the dev model in the shared volume) appears
+    whole: writers publish it by renaming a complete directory into place.
+    """
+    config = model_dir / "config.json"
+    deadline = time.monotonic() + timeout_s
+    if not config.exists() and timeout_s > 0:
+        log.info("waiting_for_base_model", path=str(model_dir), timeout_s=timeout_s)
+    while not config.exists():
+        if time.monotonic() >= deadline:
+            waited = f" after waiting {timeout_s:g} s" if timeout_s > 0 else ""
+            raise FileNotFoundError(
+                f"no base model at {model_dir} (no config.json){waited}: set FLOE_LEARNER_MODEL_DIR to a model "
+                "directory, or FLOE_LEARNER_MODEL_WAIT_S to wait for one that another service writes"
+            )
+        time.sleep(poll_s)
 
 
 def version_dir(root: Path, version: int) -> Path:

@@ -29,6 +29,12 @@ class LearnerSettings(BaseSettings):
 
     # Model and checkpoints
     model_dir: Path = Field(description="base model directory (safetensors + config + tokenizer); version 0")
+    model_wait_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="wait up to this long for model_dir to appear (another service writes it, as compose's "
+        "inference does); 0: fail at once when it is missing",
+    )
     checkpoint_dir: Path = Field(description="one sub-directory per published weight version")
     policy_name: str = Field(default="policy", description="WeightsPublished.base_model (the compacted topic key)")
     keep_checkpoints: int = Field(default=3, ge=1, description="newest versions kept on disk")

@@ -95,6 +95,7 @@ class Learner:
         self.loss_cfg = s.loss_config()
         torch.manual_seed(s.seed)
 
+        ckpt.wait_for_model(s.model_dir, s.model_wait_s)
         # Resume from the newest complete checkpoint, or start from the base model as version 0.
         if info.is_main:
             ckpt.clean_temp(s.checkpoint_dir)
