@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,8 +67,34 @@ def _write_version(path: Path, version: int, extra: dict[str, Any] | None = None
 
 
 def init_dev_model(out: Path, spec: DevModelSpec | None = None, *, version: int = 0) -> Path:
-    """Create the tiny development checkpoint deterministically (same spec -> byte-identical weights)."""
+    """Create the tiny development checkpoint deterministically (same spec -> byte-identical weights).
+
+    The model appears whole or not at all: it is written to a sibling temporary directory and renamed into place, so
+    a reader that waits for ``config.json`` (the learner in compose, with a shared volume) never loads half a model,
+    and two writers racing (two engine replicas) both end with the same complete model. A directory that already
+    holds a model is rewritten in place, as asked.
+    """
     spec = spec or DevModelSpec()
+    had_model = (out / "config.json").exists()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # A random name: replicas in containers can share a pid (1) as well as the volume.
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
+    tmp.chmod(0o755)  # mkdtemp's 0700 would follow the rename
+    _write_dev_model(tmp, spec, version)
+    try:
+        if out.is_dir() and not any(out.iterdir()):
+            out.rmdir()  # an empty mount point or a directory made in advance
+        tmp.rename(out)
+    except OSError:
+        if had_model or not (out / "config.json").exists():
+            # Rewriting an existing model, or a non-empty directory without one: write in place. Otherwise another
+            # writer renamed its (identical) model into place first, and ours is dropped.
+            _write_dev_model(out, spec, version)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def _write_dev_model(out: Path, spec: DevModelSpec, version: int) -> None:
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = Tokenizer(build_tokenizer(out, vocab_size=spec.vocab_size, seed=spec.seed))
     vocab = len(tokenizer)
@@ -95,7 +122,6 @@ def init_dev_model(out: Path, spec: DevModelSpec | None = None, *, version: int 
     hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     model.save_pretrained(str(out), safe_serialization=True)
     _write_version(out, version, {"base_model": "floe-dev-tiny", "spec": spec.__dict__})
-    return out
 
 
 def load_tokenizer(path: Path) -> Tokenizer:
