@@ -7,9 +7,15 @@ command -v bwrap >/dev/null || need+=(bubblewrap)
 command -v java >/dev/null || need+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null || need+=(maven)
 command -v prlimit >/dev/null || need+=(util-linux)
-# `--test`: also what the test suite needs (headless Chromium for the dashboard test).
+# `--test`: also what the test suite needs (headless Chromium for the dashboard test; a Docker engine, compose and
+# debootstrap for the compose test, which builds its images from a local base: tests/e2e/test_compose_up.py).
 if [ "${1:-}" = "--test" ]; then
   command -v chromium >/dev/null || need+=(chromium)
+  if ! docker version >/dev/null 2>&1; then
+    command -v dockerd >/dev/null || need+=(docker.io)
+  fi
+  docker compose version >/dev/null 2>&1 || command -v docker-compose >/dev/null || need+=(docker-compose)
+  command -v debootstrap >/dev/null || need+=(debootstrap)
 fi
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -ne 0 ] && ! command -v sudo >/dev/null; then
