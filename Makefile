@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 DEMO_ARGS ?=
 
 .PHONY: help bootstrap uv deps system-deps test-deps kafka-jars harnesses model vllm lint fmt typecheck test test-fast \
-        test-unit test-integration test-vllm bench demo kafka-up kafka-down clean
+        test-unit test-integration test-vllm test-compose bench demo kafka-up kafka-down clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -27,7 +27,7 @@ deps: uv  ## Python workspace into .venv (torch etc. come from uv's cache after 
 system-deps:  ## Debian packages (bubblewrap for sandboxes, git, Java + Maven for the broker)
 	@bash scripts/system-deps.sh
 
-test-deps:  ## what only the tests need on top (headless Chromium for the dashboard test)
+test-deps:  ## what only the tests need on top (headless Chromium; Docker, docker-compose, debootstrap for compose)
 	@bash scripts/system-deps.sh --test
 
 kafka-jars:  ## Apache Kafka broker jars from Maven Central into deploy/kafka/lib
@@ -64,6 +64,9 @@ test-fast: deps  ## the fast tests only (skips tests marked slow)
 
 test-vllm: deps model vllm  ## the real-engine tests alone (one vLLM server with the real model)
 	$(PY) -m pytest -m vllm $(PYTEST_ARGS)
+
+test-compose: deps test-deps kafka-jars  ## docker-compose.yml for real, alone (builds the images: ~10 min cold)
+	$(PY) -m pytest -m compose $(PYTEST_ARGS)
 
 test-unit: deps  ## unit tests only: no broker needed
 	$(PY) -m pytest -m "not integration and not slow" $(PYTEST_ARGS)

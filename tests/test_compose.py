@@ -1,8 +1,11 @@
-"""docker-compose.yml and the Dockerfiles must match the code (no Docker engine runs here, so we parse them).
+"""docker-compose.yml and the Dockerfiles must match the code: checked here by parsing them, in the fast suite.
 
-Checks: every build context and Dockerfile exists and installs the package of the service it builds; every
-``python -m X`` command names a runnable package; every ``floe …`` command parses; every ``FLOE_*`` variable is a
-field of the settings class that reads its prefix (pydantic-settings would reject or ignore a misspelt one).
+tests/e2e/test_compose_up.py runs the cpu profile for real (a Docker engine, images built here); these checks catch
+the mistakes that test would take minutes to find, and those it cannot see: a duplicate YAML key PyYAML accepts and
+compose v2 refuses, a public image that is only pulled, a workspace member a Dockerfile forgets. Checks: every build
+context and Dockerfile exists and installs the package of the service it builds; every ``python -m X`` command names a
+runnable package; every ``floe …`` command parses; every ``FLOE_*`` variable is a field of the settings class that
+reads its prefix (pydantic-settings would reject or ignore a misspelt one).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import inspect
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +24,8 @@ import yaml
 from pydantic_settings import BaseSettings
 
 ROOT = Path(__file__).resolve().parents[1]
-COMPOSE: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+COMPOSE_TEXT = (ROOT / "docker-compose.yml").read_text()
+COMPOSE: dict[str, Any] = yaml.safe_load(COMPOSE_TEXT)
 SERVICES: dict[str, dict[str, Any]] = COMPOSE["services"]
 PACKAGES = ["inference", "gateway", "sessions", "scorer", "rollout", "learner", "dashboard"]
 # The gateway's proxy runs inside the gateway-node image (services/sessions/Dockerfile), which installs it.
@@ -130,3 +135,83 @@ def test_every_service_package_has_a_compose_service() -> None:
 def test_services_restart_after_a_crash(name: str) -> None:
     # Services are crash-only (a dead pipeline exits non-zero; state comes back from Kafka): compose must restart them.
     assert SERVICES[name].get("restart") in {"on-failure", "unless-stopped", "always"}
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """Refuses a key given twice in one mapping, as compose v2's YAML parser does (PyYAML keeps the last)."""
+
+
+def _no_duplicate_keys(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    keys = [k.value for k, _ in node.value if isinstance(k, yaml.ScalarNode)]  # `<<` included: before merging
+    duplicates = sorted({k for k in keys if keys.count(k) > 1})
+    if duplicates:
+        raise yaml.constructor.ConstructorError(None, None, f"duplicate keys {duplicates}", node.start_mark)
+    return loader.construct_mapping(node)  # type: ignore[no-untyped-call]
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicate_keys)
+
+
+def test_no_key_is_given_twice_in_a_mapping() -> None:
+    # Two `<<:` merge keys in one mapping run under docker-compose 1.x and fail under `docker compose` (v2).
+    yaml.load(COMPOSE_TEXT, Loader=_StrictLoader)
+
+
+def test_the_only_image_not_built_here_is_the_brokers_with_a_local_build_beside_it() -> None:
+    # Every other image is built from this repository, so `compose up` needs a registry for Kafka alone, and
+    # compose-local.sh, for machines without one, builds that image too (deploy/kafka/Dockerfile).
+    pulled = {name: svc["image"] for name, svc in SERVICES.items() if "build" not in svc}
+    assert pulled == {"kafka": "${FLOE_KAFKA_IMAGE:-apache/kafka:4.1.1}"}
+    local = (ROOT / "deploy" / "docker" / "compose-local.sh").read_text()
+    assert 'FLOE_KAFKA_IMAGE="${FLOE_KAFKA_IMAGE:-floe/kafka:local}"' in local
+    assert 'docker build -q -t "$FLOE_KAFKA_IMAGE"' in local and "deploy/kafka" in local
+    assert (ROOT / "deploy" / "kafka" / "Dockerfile").is_file()
+    # The local image's health check replaces the public image's script (the variable the kafka service reads).
+    assert "${FLOE_KAFKA_HEALTHCHECK:-" in str(SERVICES["kafka"]["healthcheck"]["test"])
+    assert "FLOE_KAFKA_HEALTHCHECK" in local and (ROOT / "deploy" / "kafka" / "docker" / "health.sh").is_file()
+
+
+def _workspace_members() -> list[str]:
+    root = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    members: list[str] = []
+    for pattern in root["tool"]["uv"]["workspace"]["members"]:
+        members += sorted(p.parent.relative_to(ROOT).as_posix() for p in ROOT.glob(f"{pattern}/pyproject.toml"))
+    return members
+
+
+CACHED_DOCKERFILES = sorted(
+    p.relative_to(ROOT).as_posix()
+    for p in ROOT.glob("services/*/Dockerfile")
+    if "--no-install-workspace" in p.read_text()
+)
+
+
+@pytest.mark.parametrize("dockerfile", CACHED_DOCKERFILES)
+def test_the_dependency_layer_sees_every_workspace_manifest(dockerfile: str) -> None:
+    # `uv sync --frozen` checks the lock against every member's manifest: a member not copied fails the build.
+    text = (ROOT / dockerfile).read_text()
+    for member in _workspace_members():
+        assert f"COPY {member}/pyproject.toml {member}/" in text, f"{dockerfile} does not copy {member}/pyproject.toml"
+
+
+def test_every_service_dockerfile_caches_its_dependencies() -> None:
+    assert set(CACHED_DOCKERFILES) == {f"services/{p}/Dockerfile" for p in PACKAGES if p not in SHIPPED_IN}
+
+
+def test_the_engine_and_the_learner_share_their_torch_layer() -> None:
+    # Identical instructions up to the dependency layer: Docker builds (and stores) torch once for both images.
+    def head(name: str) -> list[str]:
+        lines = [ln for ln in (ROOT / "services" / name / "Dockerfile").read_text().splitlines()]
+        instructions = [ln for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
+        return instructions[: next(i for i, ln in enumerate(instructions) if "--no-install-workspace" in ln) + 1]
+
+    assert head("inference") == head("learner")
+
+
+@pytest.mark.parametrize("name", sorted(n for n, s in SERVICES.items() if "build" in s))
+def test_every_image_builds_from_the_base_image_compose_passes(name: str) -> None:
+    # compose-local.sh swaps the public base for a local one through this build argument.
+    build = SERVICES[name]["build"]
+    assert build["args"]["BASE_IMAGE"] == "${FLOE_BASE_IMAGE:-python:3.11-slim}"
+    text = (ROOT / build["context"] / build["dockerfile"]).read_text()
+    assert "ARG BASE_IMAGE=python:3.11-slim\nFROM ${BASE_IMAGE}\n" in text, f"{name}: its Dockerfile ignores BASE_IMAGE"

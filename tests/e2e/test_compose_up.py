@@ -1,0 +1,213 @@
+"""``docker compose up`` for real: the images build here; the cpu profile trains in containers and survives a crash.
+
+The test starts a Docker engine when none runs (deploy/docker/dockerd.sh, which restores ip_forward, iptables and
+docker0 when it stops it), builds every image the cpu profile uses from a local base (deploy/docker/compose-local.sh:
+no registry is reachable here), runs the profile under its own project name and host ports, and from outside the
+containers (the host venv's Kafka client on the broker's published HOST listener) checks that training happens:
+weight versions advance. Then it SIGKILLs the rollout service's process from the host (not ``docker kill``, which
+Docker treats as a manual stop and does not restart), checks that compose's restart policy brings it back and that
+training goes on, runs ``floe audit`` (exactly-once across the crash), and ends with ``down -v``.
+
+On a failure the services' logs are printed. Cold (no images) the builds dominate: see README "Docker compose".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from contracts import WEIGHTS, WeightsPublished
+from eventbus import KafkaSettings
+from eventbus.broker import free_port
+from eventbus.replay import replay
+
+pytestmark = [pytest.mark.slow, pytest.mark.compose]
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCKER = ROOT / "deploy" / "docker"
+STEPS_BEFORE_CRASH = 3
+STEPS_AFTER_CRASH = 2
+# The images build inside this budget cold (torch included), in seconds once cached.
+BUILD_TIMEOUT_S = 1800
+STEP_TIMEOUT_S = 420.0
+
+
+def _run(argv: list[str], env: dict[str, str], timeout: float, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"{' '.join(argv)} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        )
+    return proc
+
+
+def _host_network() -> dict[str, str]:
+    """What a Docker engine changes on the host (compared before and after the test)."""
+
+    def read(argv: list[str]) -> str:
+        try:
+            return subprocess.run(argv, capture_output=True, text=True, timeout=30).stdout
+        except FileNotFoundError:
+            return ""
+
+    return {
+        "ip_forward": Path("/proc/sys/net/ipv4/ip_forward").read_text().strip(),
+        "forward_policy": next(
+            (ln for ln in read(["iptables", "-S", "FORWARD"]).splitlines() if ln.startswith("-P")), ""
+        ),
+        "docker_chains": " ".join(sorted(ln for ln in read(["iptables", "-S"]).splitlines() if "DOCKER" in ln)),
+        "docker0": "yes"
+        if subprocess.run(["ip", "link", "show", "docker0"], capture_output=True).returncode == 0
+        else "no",
+    }
+
+
+def _engine_running() -> bool:
+    return subprocess.run(["docker", "version"], capture_output=True, timeout=30).returncode == 0
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    if shutil.which("docker") is None or (shutil.which("dockerd") is None and not _engine_running()):
+        pytest.fail("no Docker engine: `make test-deps` installs one (Debian: docker.io docker-compose debootstrap)")
+    before = _host_network()
+    started = not _engine_running()
+    state = tmp_path_factory.mktemp("dockerd")
+    env = {**os.environ, "FLOE_DOCKERD_STATE_DIR": str(state)}
+    _run(["bash", str(DOCKER / "dockerd.sh"), "start"], env, timeout=120)
+    try:
+        yield env
+    finally:
+        _run(["bash", str(DOCKER / "dockerd.sh"), "stop"], env, timeout=180)
+        if started:
+            # The machine is left as it was found: no engine, no bridge, forwarding and firewall as before.
+            assert not _engine_running(), "dockerd still answers after stop"
+            leftover = subprocess.run(["pgrep", "-f", "dockerd|containerd-shim"], capture_output=True, text=True)
+            assert leftover.stdout.strip() == "", f"engine processes left: {leftover.stdout}"
+            assert _host_network() == before
+
+
+class Stack:
+    def __init__(self, env: dict[str, str]) -> None:
+        self.project = f"floe-test-{uuid.uuid4().hex[:8]}"
+        self.kafka_port = free_port()
+        self.env = {
+            **env,
+            "COMPOSE_PROJECT_NAME": self.project,
+            "FLOE_KAFKA_HOST_PORT": str(self.kafka_port),
+            "FLOE_GATEWAY_HOST_PORT": str(free_port()),
+            "FLOE_DASHBOARD_HOST_PORT": str(free_port()),
+            # The toy agent is the only harness the cpu profile runs: the gateway image skips the other CLIs.
+            "FLOE_HARNESSES": "toy-agent",
+        }
+        self.kafka = KafkaSettings(bootstrap_servers=f"127.0.0.1:{self.kafka_port}")
+        self.t0 = time.monotonic()
+
+    def say(self, msg: str) -> None:
+        print(f"[compose {time.monotonic() - self.t0:6.1f}s] {msg}", flush=True)
+
+    def compose(self, *args: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return _run(["bash", str(DOCKER / "compose-local.sh"), *args], self.env, timeout=timeout, check=check)
+
+    def container(self, service: str) -> str:
+        out = self.compose("ps", "-q", service).stdout.split()
+        assert out, f"no container for {service}"
+        return out[0]
+
+    def inspect(self, service: str) -> dict[str, object]:
+        proc = _run(["docker", "inspect", self.container(service)], self.env, timeout=60)
+        state: dict[str, object] = json.loads(proc.stdout)[0]
+        return state
+
+    def newest_version(self) -> int:
+        newest = 0
+        for record in replay(self.kafka, WEIGHTS, idle_timeout_s=2.0):
+            if isinstance(record.event, WeightsPublished):
+                newest = max(newest, record.event.version)
+        return newest
+
+    def wait(self, what: str, cond: Callable[[], bool], timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        last: Exception | None = None
+        while time.monotonic() < deadline:
+            try:
+                if cond():
+                    return
+            except Exception as exc:  # the broker may not answer yet: keep polling until the deadline
+                last = exc
+            else:
+                last = None
+            time.sleep(3)
+        raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what} (last error: {last!r})")
+
+    def wait_version(self, at_least: int) -> int:
+        self.wait(f"weight version {at_least}", lambda: self.newest_version() >= at_least, STEP_TIMEOUT_S)
+        v = self.newest_version()
+        self.say(f"weight version {v}")
+        return v
+
+    def logs(self) -> str:
+        return self.compose("logs", "--no-color", "--tail", "60", timeout=120, check=False).stdout
+
+
+def test_compose_cpu_profile_trains_and_survives_a_crash(engine: dict[str, str]) -> None:
+    stack = Stack(engine)
+    t = time.monotonic()
+    stack.compose("build", timeout=BUILD_TIMEOUT_S)
+    stack.say(f"images built in {time.monotonic() - t:.0f}s")
+    try:
+        stack.compose("up", "-d", timeout=600)
+        stack.say("up")
+        v = stack.wait_version(STEPS_BEFORE_CRASH)
+
+        # Crash the rollout service from the host: its process, not the container (docker kill = a manual stop).
+        before = stack.inspect("rollout")
+        pid = int(before["State"]["Pid"])  # type: ignore[index]
+        restarts = int(before["RestartCount"])  # type: ignore[arg-type]
+        assert pid > 0
+        os.kill(pid, signal.SIGKILL)
+        stack.say(f"SIGKILL to the rollout's process {pid}")
+
+        def restarted() -> bool:
+            state = stack.inspect("rollout")
+            return int(state["RestartCount"]) > restarts and bool(state["State"]["Running"])  # type: ignore[arg-type,index]
+
+        stack.wait("compose to restart the rollout", restarted, 120)
+        stack.say("rollout restarted by its restart policy")
+        v = stack.wait_version(v + STEPS_AFTER_CRASH)
+
+        audit = _run(
+            [
+                sys.executable,
+                "-m",
+                "floe",
+                "audit",
+                "--bootstrap",
+                stack.kafka.bootstrap_servers,
+                "--idle-timeout",
+                "3",
+            ],
+            stack.env,
+            timeout=300,
+            check=False,
+        )
+        print(audit.stdout)
+        assert audit.returncode == 0, f"floe audit found problems:\n{audit.stdout[-3000:]}\n{audit.stderr[-2000:]}"
+        stack.say("floe audit clean")
+    except BaseException:
+        print(stack.logs())
+        raise
+    finally:
+        stack.compose("down", "-v", "--remove-orphans", timeout=300, check=False)
+    left = _run(["docker", "ps", "-aq", "--filter", f"label=com.docker.compose.project={stack.project}"], stack.env, 60)
+    assert left.stdout.strip() == "", f"containers left after down: {left.stdout}"
