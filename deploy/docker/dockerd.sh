@@ -92,11 +92,14 @@ cmd_start() {
   [[ "$(id -u)" == 0 ]] || die "starting dockerd needs root"
   snapshot
   setsid dockerd --pidfile "$STATE/dockerd.os.pid" >"$STATE/dockerd.log" 2>&1 </dev/null &
-  echo $! >"$PIDFILE"
+  local launched=$!
+  echo "$launched" >"$PIDFILE"
   local deadline=$((SECONDS + TIMEOUT))
   while ((SECONDS < deadline)); do
-    if answers; then info "dockerd started (pid $(cat "$PIDFILE"))"; return 0; fi
-    if [[ -z "$(our_pid)" ]]; then
+    if answers; then info "dockerd started (pid $launched)"; return 0; fi
+    # Liveness by signal 0, not by our_pid's cmdline check: while the child execs (shell, setsid, dockerd: one pid
+    # throughout) its cmdline can read empty for an instant.
+    if ! kill -0 "$launched" 2>/dev/null; then
       tail -n 20 "$STATE/dockerd.log" >&2
       restore
       die "dockerd exited during start-up (log above)"

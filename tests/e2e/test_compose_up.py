@@ -84,8 +84,9 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
     started = not _engine_running()
     state = tmp_path_factory.mktemp("dockerd")
     env = {**os.environ, "FLOE_DOCKERD_STATE_DIR": str(state)}
-    _run(["bash", str(DOCKER / "dockerd.sh"), "start"], env, timeout=120)
     try:
+        # Inside the try: a failed start may still leave an engine running, which the stop below removes.
+        _run(["bash", str(DOCKER / "dockerd.sh"), "start"], env, timeout=120)
         yield env
     finally:
         _run(["bash", str(DOCKER / "dockerd.sh"), "stop"], env, timeout=180)
