@@ -26,10 +26,9 @@ from pathlib import Path
 
 import pytest
 
-from contracts import WEIGHTS, WeightsPublished
 from eventbus import KafkaSettings
 from eventbus.broker import free_port
-from eventbus.replay import replay
+from eventbus.testing import newest_weight_version
 
 pytestmark = [pytest.mark.slow, pytest.mark.compose]
 
@@ -131,11 +130,7 @@ class Stack:
         return state
 
     def newest_version(self) -> int:
-        newest = 0
-        for record in replay(self.kafka, WEIGHTS, idle_timeout_s=2.0):
-            if isinstance(record.event, WeightsPublished):
-                newest = max(newest, record.event.version)
-        return newest
+        return newest_weight_version(self.kafka, idle_timeout_s=2.0)
 
     def wait(self, what: str, cond: Callable[[], bool], timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s

@@ -23,9 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from contracts import SESSIONS_REQUESTED, WEIGHTS, SessionRequested, WeightsPublished
+from contracts import SESSIONS_REQUESTED, SessionRequested
 from eventbus import EventBusError, KafkaSettings
 from eventbus.replay import replay
+from eventbus.testing import newest_weight_version
 from floe.audit import AuditReport, audit
 from floe.demo import Demo, DemoConfig
 
@@ -34,14 +35,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 GROUP_DEADLINE_S = 30  # cancels the sessions that died with the gateway node ...
 CANCEL_GRACE_S = 10  # ... and this long after the cancel the rollout ends them itself (masked rows)
 STEP_TIMEOUT_S = 150.0  # per wait for training progress (a restart + a step, on a busy 2-core machine)
-
-
-def _newest_version(kafka: KafkaSettings) -> int:
-    newest = 0
-    for record in replay(kafka, WEIGHTS, idle_timeout_s=3.0):
-        if isinstance(record.event, WeightsPublished):
-            newest = max(newest, record.event.version)
-    return newest
 
 
 class Run:
@@ -62,7 +55,7 @@ class Run:
 
     def version(self) -> int:
         try:
-            return _newest_version(self.demo.kafka)
+            return newest_weight_version(self.demo.kafka)
         except EventBusError:
             return -1  # broker restarting: not an answer
 

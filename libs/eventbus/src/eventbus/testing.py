@@ -33,12 +33,13 @@ from typing import Any, NoReturn
 
 import pytest
 
-from contracts import Topic
+from contracts import WEIGHTS, Topic, WeightsPublished
 from eventbus.admin import ensure_topics_sync, wait_for_broker
 from eventbus.broker import BrokerError, LocalBroker, free_port
+from eventbus.replay import replay
 from eventbus.settings import KafkaSettings
 
-__all__ = ["KAFKA_FIXTURES", "BrokerHandle"]
+__all__ = ["KAFKA_FIXTURES", "BrokerHandle", "newest_weight_version"]
 
 KAFKA_FIXTURES = frozenset({"kafka_broker", "kafka_settings", "topic_factory", "consumer_group"})
 
@@ -182,3 +183,12 @@ def _with_partitions(topic: Topic[Any], partitions: int) -> Topic[Any]:
 @pytest.fixture
 def consumer_group() -> str:
     return f"g-{uuid.uuid4().hex}"
+
+
+def newest_weight_version(kafka: KafkaSettings, *, idle_timeout_s: float = 3.0) -> int:
+    """The newest version on ``floe.weights`` (0 if none yet): what end-to-end tests wait on to see training advance."""
+    newest = 0
+    for record in replay(kafka, WEIGHTS, idle_timeout_s=idle_timeout_s):
+        if isinstance(record.event, WeightsPublished):
+            newest = max(newest, record.event.version)
+    return newest
