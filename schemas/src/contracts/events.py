@@ -248,7 +248,7 @@ class CallTimings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     queue_ms: float = 0.0
-    ttft_ms: float = 0.0
+    ttft_ms: float = 0.0  # to the first sampled token the gateway received; a non-streamed call receives all at once
     total_ms: float = 0.0
 
 

@@ -1,7 +1,7 @@
 """The fakes of the gateway's unit tests, each for one true external edge (style #13).
 
 - ``FakeEngine``: a tiny real ASGI app served by uvicorn over a real socket, speaking the engine's vLLM-compatible
-  token API (``/v1/chat/completions`` and ``/v1/completions`` streaming with ``token_ids`` + logprobs, ``/tokenize``,
+  token API (``/v1/chat/completions``, ``/v1/completions``: streamed or whole, ``token_ids`` + logprobs, ``/tokenize``,
   ``/detokenize``, ``/v1/models``, ``x-floe-weight-version``). Why: the unit tests need *scripted* answers (tool
   calls, parallel calls, reasoning, length stops) that a random-weight CPU model never produces, and must run in
   milliseconds. Its tokenizer is character level with two special tokens, its chat template ChatML/Hermes-like.
@@ -146,7 +146,7 @@ class FakeEngine:
             body = await request.json()
             engine.requests.append(("/v1/chat/completions", body))
             prompt = encode(render(body["messages"], body.get("tools"), True))
-            return engine._generate(body, prompt, chat=True)
+            return await engine._generate(body, prompt, chat=True)
 
         @app.post("/v1/completions")
         async def completions(request: Request) -> Any:
@@ -155,11 +155,11 @@ class FakeEngine:
             prompt = body["prompt"]
             if not (isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)):
                 return JSONResponse({"error": {"message": "prompt must be token ids", "type": "BadRequestError"}}, 400)
-            return engine._generate(body, prompt, chat=False)
+            return await engine._generate(body, prompt, chat=False)
 
         return app
 
-    def _generate(self, body: dict[str, Any], prompt: list[int], *, chat: bool) -> Any:
+    async def _generate(self, body: dict[str, Any], prompt: list[int], *, chat: bool) -> Any:
         max_tokens = int(body.get("max_tokens") or 16)
         if len(prompt) + max_tokens > MAX_MODEL_LEN:
             msg = (
@@ -204,6 +204,30 @@ class FakeEngine:
             yield f"data: {json.dumps({'id': 'x', 'choices': [], 'usage': usage})}\n\n".encode()
             yield b"data: [DONE]\n\n"
 
+        async def whole() -> JSONResponse:
+            # The non-streamed answer (what the gateway asks for when its client does not stream): the same tokens,
+            # text and logprobs in one body, vLLM's shape (``message`` for chat, ``text`` for completions).
+            if slow:
+                await asyncio.sleep(0.02 * len(answer))
+            text = "".join("" if tid in SPECIAL else chr(tid - OFFSET) for tid in answer)
+            lps = [logprob(i) for i in range(len(answer))]
+            c: dict[str, Any] = {"index": 0, "token_ids": answer, "finish_reason": finish}
+            out: dict[str, Any] = {"id": "x", "model": "fake-model", "choices": [c], "weight_version": version}
+            if chat:
+                c["message"] = {"role": "assistant", "content": text}
+                c["logprobs"] = {"content": [{"token": "", "logprob": lp} for lp in lps]}
+                out["prompt_token_ids"] = prompt
+            else:
+                c.update(text=text, prompt_token_ids=prompt, logprobs={"tokens": [], "token_logprobs": lps})
+            out["usage"] = {
+                "prompt_tokens": len(prompt),
+                "completion_tokens": len(answer),
+                "total_tokens": len(prompt) + len(answer),
+            }
+            return JSONResponse(out, headers={"x-floe-weight-version": str(version)})
+
+        if not body.get("stream"):
+            return await whole()
         return StreamingResponse(gen(), media_type="text/event-stream", headers={"x-floe-weight-version": str(version)})
 
 

@@ -256,7 +256,7 @@ class Turn:
                 body["chat_template_kwargs"] = kw
             path = "/v1/chat/completions"
         self._queue_ms = (time.perf_counter() - self._t0) * 1000
-        self._upstream = gw.engine.stream(sid, path, body, prompt_len=len(prompt)).__aiter__()
+        self._upstream = gw.engine.stream(sid, path, body, prompt_len=len(prompt), incremental=req.stream).__aiter__()
 
     # ------------------------------------------------------------------------------------------- events
 
@@ -288,8 +288,11 @@ class Turn:
                 pending = None
                 self._engine_url = url
                 if chunk.token_ids and not ids:
+                    # A non-streamed call gets every token at once: its "first token" time is the whole answer's,
+                    # recorded as such but kept out of the TTFT histogram.
                     self._ttft_ms = (time.perf_counter() - self._t0) * 1000
-                    self.gw.metrics.ttft.labels(protocol=self.protocol.value).observe(self._ttft_ms / 1000)
+                    if self.req.stream:
+                        self.gw.metrics.ttft.labels(protocol=self.protocol.value).observe(self._ttft_ms / 1000)
                 ids.extend(chunk.token_ids)
                 lps.extend(chunk.logprobs)
                 version = chunk.weight_version if chunk.weight_version is not None else version

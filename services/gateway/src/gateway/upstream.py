@@ -15,13 +15,16 @@ Endpoints used (field names as in vLLM's ``entrypoints/openai/protocol.py``):
   the CPU engine sends each call whole in one entry, vLLM in fragments (``id`` and ``function.name`` first, then
   pieces of ``function.arguments``). ``EngineToolCalls`` assembles both into whole calls.
 
-The gateway always streams from the engine, even for a non-streaming client: one code path, a measured TTFT.
+The gateway streams from the engine when its client streams; for a client that waits for the whole answer it asks the
+engine for the whole answer (one read, not one wake-up per token: most of the gateway's CPU per call was spent on
+those). Both arrive as ``EngineChunk`` values, so the pipeline after the parser has one code path.
 
 Routing: a consistent-hash ring (64 virtual nodes per replica) maps ``session_id`` to a replica so a session's
 calls hit the same prefix cache; a replica that refuses a connection is skipped for ``engine_unhealthy_s`` and the
 session fails over to the next replica on the ring. Failover happens only before any byte of an answer was read.
 
-Errors of httpx are mapped once, in ``map_httpx_errors`` (style #7).
+HTTP is ``gateway.engine_http`` (keep-alive pool, httptools parser): on this hop httpx cost more CPU per call than the
+rest of the gateway. Its errors are mapped once, in ``map_engine_errors`` (style #7).
 """
 
 from __future__ import annotations
@@ -36,14 +39,14 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 import structlog
-from pydantic_core import from_json
+from pydantic_core import from_json, to_json
 
 from gateway.canonical import ToolCall, new_call_id
+from gateway.engine_http import ConnectFailed, EngineHTTP, HTTPError, Timeout
 from gateway.errors import ContextOverflow, InvalidRequest, UpstreamError, UpstreamUnavailable
 
-__all__ = ["EngineChunk", "EngineClient", "EngineToolCalls", "HashRing", "Tokenized", "map_httpx_errors"]
+__all__ = ["EngineChunk", "EngineClient", "EngineToolCalls", "HashRing", "Tokenized", "map_engine_errors"]
 
 log = structlog.get_logger()
 
@@ -80,15 +83,15 @@ class HashRing:
 
 
 @contextlib.contextmanager
-def map_httpx_errors(url: str) -> Iterator[None]:
+def map_engine_errors(url: str) -> Iterator[None]:
     try:
         yield
-    except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+    except ConnectFailed as exc:
         raise UpstreamUnavailable(f"engine {url} unreachable") from exc
-    except httpx.TimeoutException as exc:
+    except Timeout as exc:
         raise UpstreamError(f"engine {url} timed out") from exc
-    except httpx.HTTPError as exc:
-        raise UpstreamError(f"engine {url} transport error: {type(exc).__name__}") from exc
+    except HTTPError as exc:
+        raise UpstreamError(f"engine {url} transport error: {exc}") from exc
 
 
 @dataclass
@@ -195,7 +198,7 @@ def _parse_chunk(data: dict[str, Any], header_version: int | None) -> EngineChun
     choices = data.get("choices") or []
     if choices:
         c = choices[0]
-        delta = c.get("delta")
+        delta = c.get("delta") or c.get("message")  # a streamed chunk's delta, or a non-streamed whole answer
         if isinstance(delta, dict):
             chunk.text = delta.get("content") or ""
             chunk.reasoning = delta.get("reasoning_content") or delta.get("reasoning") or ""
@@ -239,7 +242,7 @@ def _max_len_from(msg: str) -> int:
 
 
 class EngineClient:
-    """One shared ``httpx.AsyncClient`` over all replicas; ``stream_*`` methods are async generators."""
+    """One connection pool (``EngineHTTP``) over all replicas; ``stream`` is an async generator."""
 
     def __init__(
         self,
@@ -255,13 +258,10 @@ class EngineClient:
         self.max_model_len: int | None = None
         self._unhealthy_s = unhealthy_s
         self._down_until: dict[str, float] = {}
-        self._client = httpx.AsyncClient(
-            timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s),
-            limits=httpx.Limits(max_connections=512, max_keepalive_connections=128),
-        )
+        self._http = EngineHTTP(timeout_s=timeout_s, connect_timeout_s=connect_timeout_s)
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        await self._http.aclose()
 
     def replicas(self, session_id: str) -> list[str]:
         order = self.ring.order(session_id)
@@ -283,33 +283,32 @@ class EngineClient:
         return self._model
 
     async def _get_json(self, session_id: str, path: str) -> dict[str, Any]:
-        last: Exception | None = None
-        for url in self.replicas(session_id):
-            try:
-                with map_httpx_errors(url):
-                    r = await self._client.get(url + path)
-            except UpstreamUnavailable as exc:
-                self._mark_down(url)
-                last = exc
-                continue
-            if r.status_code != 200:
-                _raise_for_engine_status(url, r.status_code, r.content, None)
-            return dict(r.json())
-        raise last or UpstreamUnavailable("no engine replica")
+        return await self._json(session_id, "GET", path, None)
 
     async def _post_json(self, session_id: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        return await self._json(session_id, "POST", path, to_json(body))
+
+    async def _json(self, session_id: str, method: str, path: str, body: bytes | None) -> dict[str, Any]:
         last: Exception | None = None
         for url in self.replicas(session_id):
             try:
-                with map_httpx_errors(url):
-                    r = await self._client.post(url + path, json=body)
+                with map_engine_errors(url):
+                    resp = await self._http.request(method, url + path, body)
             except UpstreamUnavailable as exc:
                 self._mark_down(url)
                 last = exc
                 continue
-            if r.status_code != 200:
-                _raise_for_engine_status(url, r.status_code, r.content, None)
-            return dict(r.json())
+            try:
+                with map_engine_errors(url):
+                    content = await resp.read()
+            finally:
+                await resp.aclose()
+            if resp.status != 200:
+                _raise_for_engine_status(url, resp.status, content, None)
+            try:
+                return dict(from_json(content))
+            except ValueError as exc:
+                raise UpstreamError(f"engine {url} sent a non-JSON answer to {path}") from exc
         raise last or UpstreamUnavailable("no engine replica")
 
     async def tokenize_chat(
@@ -343,49 +342,64 @@ class EngineClient:
         return str(data["prompt"])
 
     async def stream(
-        self, session_id: str, path: str, body: dict[str, Any], *, prompt_len: int | None = None
+        self,
+        session_id: str,
+        path: str,
+        body: dict[str, Any],
+        *,
+        prompt_len: int | None = None,
+        incremental: bool = True,
     ) -> AsyncIterator[tuple[str, EngineChunk]]:
-        """POST ``body`` to ``path`` with ``stream=true`` and yield ``(engine_url, chunk)`` per SSE event.
+        """POST ``body`` to ``path`` and yield ``(engine_url, chunk)``: one chunk per SSE event, or, with
+        ``incremental=False`` (a client that waits for the whole answer anyway), the engine's non-streamed answer as
+        one chunk -- one read instead of one per token, the same fields.
 
         Failover to the next replica only while no answer byte has been read."""
-        body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+        extra: dict[str, Any] = {"stream": True, "stream_options": {"include_usage": True}} if incremental else {}
+        data = to_json({**body, **extra} if extra else body)
         last: Exception | None = None
         for url in self.replicas(session_id):
             try:
-                with map_httpx_errors(url):
-                    req = self._client.build_request("POST", url + path, json=body)
-                    resp = await self._client.send(req, stream=True)
+                with map_engine_errors(url):
+                    resp = await self._http.request("POST", url + path, data)
             except UpstreamUnavailable as exc:
                 self._mark_down(url)
                 last = exc
                 continue
             try:
-                if resp.status_code != 200:
-                    content = await resp.aread()
-                    _raise_for_engine_status(url, resp.status_code, content, prompt_len)
+                if resp.status != 200 or not incremental:
+                    with map_engine_errors(url):
+                        content = await resp.read()
+                    if resp.status != 200:
+                        _raise_for_engine_status(url, resp.status, content, prompt_len)
                 hv = resp.headers.get("x-floe-weight-version")
                 header_version = int(hv) if hv and hv.isdigit() else None
-                with map_httpx_errors(url):
-                    lines = resp.aiter_lines()
-                    # closed on break too, not left to the GC finalizer (httpx types it as a plain AsyncIterator)
-                    async with contextlib.aclosing(lines):  # type: ignore[type-var]
+                if not incremental:
+                    try:
+                        parsed = from_json(content)
+                    except ValueError as exc:
+                        raise UpstreamError(f"engine {url} sent a non-JSON answer") from exc
+                    yield url, _parse_chunk(parsed, header_version)
+                    return
+                done = False
+                with map_engine_errors(url):
+                    lines = resp.lines()
+                    async with contextlib.aclosing(lines):
                         async for line in lines:
-                            if not line.startswith("data:"):
+                            # After [DONE] the body is read to its end (the chunked terminator, right behind it),
+                            # so the connection goes back to the pool for the session's next call.
+                            if done or not line.startswith(b"data:"):
                                 continue
                             payload = line[5:].strip()
-                            if payload == "[DONE]":
-                                # Breaking here drops the keep-alive connection (httpx discards a response closed
-                                # unread), so every call opens a new one. Reading on to reuse it was tried and
-                                # reverted: a pooled connection the engine had just closed (its keep-alive timeout)
-                                # failed calls mid-demo, and SessionFinished.calls counts failed calls, which the
-                                # rollout then waits for. Reuse needs a retry on a stale pooled connection first.
-                                break
+                            if payload == b"[DONE]":
+                                done = True
+                                continue
                             try:
                                 # pydantic-core's Rust parser: ~2x json.loads on the first chunk's prompt ids
-                                data = from_json(payload)
+                                parsed = from_json(payload)
                             except ValueError as exc:
                                 raise UpstreamError("engine sent a non-JSON SSE data line") from exc
-                            yield url, _parse_chunk(data, header_version)
+                            yield url, _parse_chunk(parsed, header_version)
                 return
             finally:
                 await resp.aclose()
