@@ -7,6 +7,8 @@ printed (``schemathesis cases: N``) for the closing note.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import httpx
 import pytest
 import schemathesis
@@ -165,6 +167,14 @@ def test_body_limit_and_strict_models(fake_engine) -> None:
             json={"model": "pol", "max_tokens": 1, "messages": [{"role": "user", "content": "x" * 2000}]},
         )
         assert r.status_code == 413 and r.json()["type"] == "error"  # shape chosen after the /s/ prefix is removed
+
+        def chunked() -> Iterator[bytes]:  # no content-length: the limit holds while the body is read
+            yield b'{"model": "pol", "max_tokens": 1, "messages": [{"role": "user", "content": "'
+            yield b"x" * 2000
+            yield b'"}]}'
+
+        r = httpx.post(url + "/v1/messages", content=chunked(), headers={"x-api-key": tok})
+        assert r.status_code == 413 and r.json()["error"]["type"] == "request_too_large"
         r = httpx.post(
             url + "/v1/chat/completions",
             json={"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]},

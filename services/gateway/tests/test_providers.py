@@ -134,3 +134,25 @@ PIECES = [
 def test_path_resolution_matches_the_old_rule(pieces: list[str]) -> None:
     path = "".join(pieces) or "/"
     assert provider_for_path(path).name == _old_ladder(path)
+
+
+def test_every_provider_call_runs_in_the_front_doors_fast_lane() -> None:
+    """The fast lane (``gateway.front``) is derived from the provider routers; a call route it skipped would silently
+    run through FastAPI's whole stack again (slower, and no test of the lane would notice)."""
+    from gateway.front import _calls
+
+    posted = {
+        (r.path, r.endpoint)
+        for p in PROVIDERS
+        for r in provider_routes(p).router.routes
+        if isinstance(r, APIRoute) and "POST" in r.methods
+    }
+    lane = {
+        (c.literal or next(r.path for r in _routes_of(c.endpoint) if r.path_regex is c.regex), c.endpoint)
+        for c in _calls()
+    }
+    assert posted and lane == posted
+
+
+def _routes_of(endpoint):
+    return [r for p in PROVIDERS for r in provider_routes(p).router.routes if getattr(r, "endpoint", None) is endpoint]

@@ -6,7 +6,9 @@ pass a sink with ``async send(topic, event)`` instead. ``extensions`` run inside
 (a gateway node passes its session runner there: ``sessions.gateway_node``). Everything the
 routes need lives on ``app.state`` (``gateway``, ``registry``, ``settings``, ``metrics``); there are no module globals.
 
-Routes: one router per provider of ``contracts.PROVIDERS`` (``gateway.routes.<name>``), then ``routes.admin``.
+Routes: one router per provider of ``contracts.PROVIDERS`` (``gateway.routes.<name>``), then ``routes.admin``. The
+app is a ``gateway.front.GatewayApp``: its front door strips session prefixes, refuses oversized bodies and serves
+the provider calls past FastAPI's middleware stack (the hot path); everything else is plain FastAPI.
 Errors: every exception becomes the error body of the provider whose paths it is on (``contracts.provider_for_path``:
 ``/v1/messages*`` Anthropic, ``/v1beta/*`` and ``/v1/models/*:*`` Google, else OpenAI); request validation errors
 are 400s, unknown routes 404s, never a stack trace.
@@ -22,13 +24,12 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Receive, Scope, Send
 
-from contracts import MODEL_CALLS, PROVIDERS, provider_for_path
+from contracts import MODEL_CALLS, PROVIDERS
 from eventbus import KafkaSettings, Producer, ensure_topics
-from gateway.auth import SessionPrefixMiddleware
 from gateway.core import Admission, Gateway
-from gateway.errors import GatewayError, InvalidRequest, NotFound, PayloadTooLarge, render
+from gateway.errors import GatewayError, NotFound
+from gateway.front import GatewayApp, error_response, invalid_request
 from gateway.metrics import GatewayMetrics
 from gateway.recorder import EventSink, Recorder
 from gateway.registry import SessionRegistry
@@ -39,34 +40,6 @@ from gateway.upstream import EngineClient
 __all__ = ["LifespanExtension", "create_app"]
 
 log = structlog.get_logger()
-
-# Built once: every error response looks its provider's body up here by path.
-_ERROR_BODIES = {p.name: provider_routes(p).error_body for p in PROVIDERS}
-
-
-def _error_response(path: str, err: GatewayError) -> JSONResponse:
-    status, body, headers = render(_ERROR_BODIES[provider_for_path(path).name], err)
-    return JSONResponse(body, status_code=status, headers=headers)
-
-
-class _BodyLimit:
-    """Pure ASGI (no ``BaseHTTPMiddleware``: it re-wraps every streamed response): a declared body above the limit
-    gets the provider's 413 before anything is read; clears the log context of the previous request."""
-
-    def __init__(self, app: ASGIApp, *, max_body_bytes: int) -> None:
-        self.app = app
-        self.max_body_bytes = max_body_bytes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            structlog.contextvars.clear_contextvars()
-            length = dict(scope.get("headers") or []).get(b"content-length", b"")
-            if length.isdigit() and int(length) > self.max_body_bytes:
-                err = PayloadTooLarge(f"request body above {self.max_body_bytes} bytes")
-                await _error_response(scope["path"], err)(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
 
 # Runs inside the app's lifespan once the proxy is ready (a gateway node's session runner, see ``sessions``); the app
 # is passed so the extension can reach ``app.state.registry``. The gateway itself knows nothing of what it runs.
@@ -114,40 +87,32 @@ def create_app(
             yield
 
     metrics = GatewayMetrics()
-    app = FastAPI(title="floe gateway", version="0.1.0", lifespan=lifespan)
+    app = GatewayApp(title="floe gateway", version="0.1.0", lifespan=lifespan)
+    app.max_body_bytes = settings.max_body_bytes
     app.state.settings = settings
     app.state.registry = SessionRegistry(settings.base_url(), default_ttl_s=settings.session_ttl_s)
     app.state.metrics = metrics
 
-    app.add_middleware(_BodyLimit, max_body_bytes=settings.max_body_bytes)
-    app.add_middleware(SessionPrefixMiddleware)  # outermost: paths are rewritten before anything else sees them
-
     @app.exception_handler(GatewayError)
     async def on_gateway_error(request: Request, exc: GatewayError) -> JSONResponse:
-        return _error_response(request.url.path, exc)
+        return error_response(request.url.path, exc)
 
     @app.exception_handler(RequestValidationError)
     async def on_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errs = exc.errors()
-        first = errs[0] if errs else {}
-        loc = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
-        msg = f"{loc}: {first.get('msg', 'invalid request')}" if loc else str(first.get("msg", "invalid request"))
-        if first.get("type") == "json_invalid":
-            msg = "request body is not valid JSON"
-        return _error_response(request.url.path, InvalidRequest(msg, param=loc or None))
+        return error_response(request.url.path, invalid_request(exc.errors()))
 
     @app.exception_handler(StarletteHTTPException)
     async def on_http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         if exc.status_code == 405:
-            return _error_response(
+            return error_response(
                 request.url.path, NotFound(f"method {request.method} not allowed on {request.url.path}")
             )
-        return _error_response(request.url.path, NotFound(f"no route {request.method} {request.url.path}"))
+        return error_response(request.url.path, NotFound(f"no route {request.method} {request.url.path}"))
 
     @app.exception_handler(Exception)
     async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.error("unexpected_error", path=request.url.path, error=repr(exc))
-        return _error_response(request.url.path, GatewayError("internal gateway error"))
+        return error_response(request.url.path, GatewayError("internal gateway error"))
 
     for provider in PROVIDERS:
         app.include_router(provider_routes(provider).router)

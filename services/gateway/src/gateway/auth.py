@@ -1,43 +1,39 @@
 """Where a call's session token comes from.
 
-Token sources, first match wins: the URL prefix ``/s/{token}/...`` (stripped by ``SessionPrefixMiddleware`` before
-routing), the providers' key headers (``x-api-key``, ``x-goog-api-key``), ``Authorization: Bearer``, their query
-parameters (``key``); the headers and parameters are those of ``contracts.PROVIDERS``. Any source is accepted on any
-path: the token, not the path, names the session. Nothing in the body is trusted for identity.
+Token sources, first match wins: the URL prefix ``/s/{token}/...`` (stripped by ``strip_session_prefix`` in the
+front door, ``gateway.front``, before routing), the providers' key headers (``x-api-key``, ``x-goog-api-key``),
+``Authorization: Bearer``, their query parameters (``key``); the headers and parameters are those of
+``contracts.PROVIDERS``. Any source is accepted on any path: the token, not the path, names the session. Nothing in
+the body is trusted for identity.
 """
 
 from __future__ import annotations
 
 from starlette.requests import Request
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Scope
 
 from contracts import PROVIDERS
 
-__all__ = ["SessionPrefixMiddleware", "presented_token"]
+__all__ = ["presented_token", "strip_session_prefix"]
 
 # Vendor key headers before the generic Bearer header (the order these sources have always had).
 _KEY_HEADERS = tuple(dict.fromkeys(p.key_header for p in PROVIDERS if p.key_header != "authorization"))
 _KEY_QUERY = tuple(dict.fromkeys(p.key_query for p in PROVIDERS if p.key_query))
 
 
-class SessionPrefixMiddleware:
-    """Rewrites ``/s/{token}/rest`` to ``/rest`` and keeps the token in ``scope["state"]["session_token"]``."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/s/"):
-            parts = scope["path"].split("/", 3)  # ["", "s", token, rest]
-            if len(parts) >= 3 and parts[2]:
-                rest = "/" + (parts[3] if len(parts) == 4 else "")
-                scope = dict(scope)
-                scope["path"] = rest
-                scope["raw_path"] = rest.encode()
-                state = dict(scope.get("state") or {})
-                state["session_token"] = parts[2]
-                scope["state"] = state
-        await self.app(scope, receive, send)
+def strip_session_prefix(scope: Scope) -> Scope:
+    """``/s/{token}/rest`` becomes ``/rest``, the token kept in ``scope["state"]["session_token"]`` (a new scope)."""
+    if scope["path"].startswith("/s/"):
+        parts = scope["path"].split("/", 3)  # ["", "s", token, rest]
+        if len(parts) >= 3 and parts[2]:
+            rest = "/" + (parts[3] if len(parts) == 4 else "")
+            scope = dict(scope)
+            scope["path"] = rest
+            scope["raw_path"] = rest.encode()
+            state = dict(scope.get("state") or {})
+            state["session_token"] = parts[2]
+            scope["state"] = state
+    return scope
 
 
 def presented_token(request: Request) -> str | None:
