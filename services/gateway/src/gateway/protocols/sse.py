@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
+
+from pydantic_core import to_json
 
 __all__ = ["SSE_HEADERS", "sse"]
 
@@ -11,6 +12,7 @@ SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
 def sse(data: dict[str, Any] | str, event: str | None = None) -> bytes:
-    payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
-    head = f"event: {event}\n" if event else ""
-    return f"{head}data: {payload}\n\n".encode()
+    # pydantic-core's serializer: compact, UTF-8 as is, ~3x json.dumps per chunk (one chunk per sampled token)
+    payload = data.encode() if isinstance(data, str) else to_json(data)
+    head = f"event: {event}\n".encode() if event else b""
+    return head + b"data: " + payload + b"\n\n"
