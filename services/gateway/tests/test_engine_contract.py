@@ -92,14 +92,18 @@ class Exchange:
     status: int = 0
     raw: bytearray = field(default_factory=bytearray)
 
-    def sse(self) -> list[dict[str, Any]]:
+    def chunks(self) -> list[dict[str, Any]]:
+        """The answer's SSE events, or the whole answer as one (the gateway asks for it when its client does not
+        stream); both carry the same fields (``delta`` or ``message``)."""
+        if not (self.request or {}).get("stream"):
+            return [json.loads(bytes(self.raw))]
         lines = bytes(self.raw).decode().splitlines()
         return [json.loads(ln[5:]) for ln in lines if ln.startswith("data:") and ln[5:].strip() != "[DONE]"]
 
 
 @dataclass
 class EngineAnswer:
-    """What the engine streamed, read straight off its SSE (independently of the gateway's parser)."""
+    """What the engine answered, read straight off its SSE or JSON body (independently of the gateway's parser)."""
 
     prompt_ids: list[int]
     ids: list[int]
@@ -112,7 +116,7 @@ def engine_answer(ex: Exchange) -> EngineAnswer:
     ids: list[int] = []
     lps: list[float] = []
     finish = None
-    for chunk in ex.sse():
+    for chunk in ex.chunks():
         prompt = chunk.get("prompt_token_ids") or prompt
         for c in chunk.get("choices") or []:
             prompt = c.get("prompt_token_ids") or prompt
