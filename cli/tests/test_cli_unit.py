@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 
@@ -132,3 +133,31 @@ def _importable(module: str) -> bool:
         return importlib.util.find_spec(module) is not None
     except ModuleNotFoundError:
         return False
+
+
+def test_sigpipe_is_default_only_while_a_filter_command_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    """`floe replay … | head` ends quietly (SIGPIPE at its default while it runs), but the disposition must not
+    outlive the command: with it, a write to any closed socket kills the process. A CI run died of exactly that:
+    an in-process `main()` left SIGPIPE at its default, and a gateway test's write to a closed connection killed
+    pytest. Nor may a command that runs servers in this process (`floe serve`, `session run`, `demo`) get it."""
+    seen: list[object] = []
+    real = signal.signal
+
+    def spy(signum: int, handler: object) -> object:
+        if signum == signal.SIGPIPE:
+            seen.append(handler)
+        return real(signum, handler)  # type: ignore[arg-type]
+
+    before = signal.getsignal(signal.SIGPIPE)
+    signal.signal = spy  # type: ignore[assignment]
+    try:
+        assert main(["replay", "--topic", "nope"]) == 2
+        assert seen == [signal.SIG_DFL, before]
+        seen.clear()
+        with pytest.raises(SystemExit):
+            main(["serve", "no-such-service"])
+        assert seen == []
+    finally:
+        signal.signal = real
+    capsys.readouterr()
+    assert signal.getsignal(signal.SIGPIPE) == before == signal.SIG_IGN

@@ -19,10 +19,12 @@ Kafka address: --bootstrap, else FLOE_KAFKA_BOOTSTRAP_SERVERS, else the broker o
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
 import threading
+from collections.abc import Iterator
 
 from eventbus import configure_logging
 from floe import audit, demo, kafka_cmd, replay_cmd, services_cmd, topics_cmd
@@ -68,9 +70,6 @@ def _hoist_state_dir(argv: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if hasattr(signal, "SIGPIPE") and threading.current_thread() is threading.main_thread():
-        # `floe replay … | head` should end quietly, like any Unix filter.
-        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     # Library logs (JSON) go to stderr and only from WARNING: stdout is the command's output.
     configure_logging("floe", level=os.environ.get("FLOE_LOG_LEVEL", "WARNING"))
     # An alias first: it may take over one subcommand of a delegate (`floe tasks validate` is the scorer's).
@@ -81,4 +80,24 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in services_cmd.DELEGATES:
         return services_cmd.delegate(argv[0], argv[1:])
     args = build_parser().parse_args(_hoist_state_dir(argv))
-    return int(args.func(args))
+    with _quiet_broken_pipe(args.command):
+        return int(args.func(args))
+
+
+# Commands whose output is a stream to read (`floe replay … | head`): they end quietly on a closed pipe, like any Unix
+# filter. Only these, and only while they run: with SIGPIPE at its default a write to any socket the peer closed kills
+# the process, and `floe serve`, `floe session run` and `floe demo` run servers and clients in this process (as do
+# the tests that call main() in pytest's own process).
+_FILTERS = frozenset({"replay", "topics", "audit", "kafka"})
+
+
+@contextlib.contextmanager
+def _quiet_broken_pipe(command: str | None) -> Iterator[None]:
+    if command not in _FILTERS or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGPIPE, previous)
