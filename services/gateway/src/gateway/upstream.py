@@ -43,7 +43,7 @@ import structlog
 from pydantic_core import from_json, to_json
 
 from gateway.canonical import ToolCall, new_call_id
-from gateway.engine_http import ConnectFailed, EngineHTTP, HTTPError, Timeout
+from gateway.engine_http import ConnectFailed, EngineHTTP, HTTPError, Response, Timeout
 from gateway.errors import ContextOverflow, InvalidRequest, UpstreamError, UpstreamUnavailable
 
 __all__ = ["EngineChunk", "EngineClient", "EngineToolCalls", "HashRing", "Tokenized", "map_engine_errors"]
@@ -236,6 +236,21 @@ def _raise_for_engine_status(url: str, status: int, body: bytes, prompt_len: int
     raise UpstreamError(f"engine {url} answered {status}: {msg[:300]}")
 
 
+async def _whole_json(url: str, path: str, resp: Response, prompt_len: int | None) -> dict[str, Any]:
+    """A whole (non-streamed) answer's JSON; an error status raises the matching gateway error."""
+    try:
+        with map_engine_errors(url):
+            content = await resp.read()
+    finally:
+        await resp.aclose()
+    if resp.status != 200:
+        _raise_for_engine_status(url, resp.status, content, prompt_len)
+    try:
+        return dict(from_json(content))
+    except ValueError as exc:
+        raise UpstreamError(f"engine {url} sent a non-JSON answer to {path}") from exc
+
+
 def _max_len_from(msg: str) -> int:
     m = re.search(r"maximum context length is (\d+)", msg) or re.search(r"max_model_len[^\d]*(\d+)", msg)
     return int(m.group(1)) if m else 0
@@ -289,26 +304,20 @@ class EngineClient:
         return await self._json(session_id, "POST", path, to_json(body))
 
     async def _json(self, session_id: str, method: str, path: str, body: bytes | None) -> dict[str, Any]:
+        url, resp = await self._open(session_id, method, path, body)
+        return await _whole_json(url, path, resp, None)
+
+    async def _open(self, session_id: str, method: str, path: str, body: bytes | None) -> tuple[str, Response]:
+        """The response (status and headers in) of the first replica on the session's ring that accepts a
+        connection; a replica that refuses is skipped for ``engine_unhealthy_s``."""
         last: Exception | None = None
         for url in self.replicas(session_id):
             try:
                 with map_engine_errors(url):
-                    resp = await self._http.request(method, url + path, body)
+                    return url, await self._http.request(method, url + path, body)
             except UpstreamUnavailable as exc:
                 self._mark_down(url)
                 last = exc
-                continue
-            try:
-                with map_engine_errors(url):
-                    content = await resp.read()
-            finally:
-                await resp.aclose()
-            if resp.status != 200:
-                _raise_for_engine_status(url, resp.status, content, None)
-            try:
-                return dict(from_json(content))
-            except ValueError as exc:
-                raise UpstreamError(f"engine {url} sent a non-JSON answer to {path}") from exc
         raise last or UpstreamUnavailable("no engine replica")
 
     async def tokenize_chat(
@@ -356,51 +365,31 @@ class EngineClient:
 
         Failover to the next replica only while no answer byte has been read."""
         extra: dict[str, Any] = {"stream": True, "stream_options": {"include_usage": True}} if incremental else {}
-        data = to_json({**body, **extra} if extra else body)
-        last: Exception | None = None
-        for url in self.replicas(session_id):
-            try:
-                with map_engine_errors(url):
-                    resp = await self._http.request("POST", url + path, data)
-            except UpstreamUnavailable as exc:
-                self._mark_down(url)
-                last = exc
-                continue
-            try:
-                if resp.status != 200 or not incremental:
-                    with map_engine_errors(url):
-                        content = await resp.read()
-                    if resp.status != 200:
-                        _raise_for_engine_status(url, resp.status, content, prompt_len)
-                hv = resp.headers.get("x-floe-weight-version")
-                header_version = int(hv) if hv and hv.isdigit() else None
-                if not incremental:
-                    try:
-                        parsed = from_json(content)
-                    except ValueError as exc:
-                        raise UpstreamError(f"engine {url} sent a non-JSON answer") from exc
-                    yield url, _parse_chunk(parsed, header_version)
-                    return
-                done = False
-                with map_engine_errors(url):
-                    lines = resp.lines()
-                    async with contextlib.aclosing(lines):
-                        async for line in lines:
-                            # After [DONE] the body is read to its end (the chunked terminator, right behind it),
-                            # so the connection goes back to the pool for the session's next call.
-                            if done or not line.startswith(b"data:"):
-                                continue
-                            payload = line[5:].strip()
-                            if payload == b"[DONE]":
-                                done = True
-                                continue
-                            try:
-                                # pydantic-core's Rust parser: ~2x json.loads on the first chunk's prompt ids
-                                parsed = from_json(payload)
-                            except ValueError as exc:
-                                raise UpstreamError("engine sent a non-JSON SSE data line") from exc
-                            yield url, _parse_chunk(parsed, header_version)
-                return
-            finally:
-                await resp.aclose()
-        raise last or UpstreamUnavailable("no engine replica")
+        url, resp = await self._open(session_id, "POST", path, to_json({**body, **extra} if extra else body))
+        hv = resp.headers.get("x-floe-weight-version")
+        header_version = int(hv) if hv and hv.isdigit() else None
+        if not incremental or resp.status != 200:
+            yield url, _parse_chunk(await _whole_json(url, path, resp, prompt_len), header_version)
+            return
+        try:
+            done = False
+            with map_engine_errors(url):
+                lines = resp.lines()
+                async with contextlib.aclosing(lines):
+                    async for line in lines:
+                        # After [DONE] the body is read to its end (the chunked terminator, right behind it),
+                        # so the connection goes back to the pool for the session's next call.
+                        if done or not line.startswith(b"data:"):
+                            continue
+                        payload = line[5:].strip()
+                        if payload == b"[DONE]":
+                            done = True
+                            continue
+                        try:
+                            # pydantic-core's Rust parser: ~2x json.loads on the first chunk's prompt ids
+                            parsed = from_json(payload)
+                        except ValueError as exc:
+                            raise UpstreamError("engine sent a non-JSON SSE data line") from exc
+                        yield url, _parse_chunk(parsed, header_version)
+        finally:
+            await resp.aclose()
