@@ -68,8 +68,9 @@ async def test_serve_trains_publishes_and_skips_redelivered_batches(
     batches_topic, weights_topic = topic_factory(TRAJECTORY_BATCHES), topic_factory(WEIGHTS)
     settings = LearnerSettings(
         model_dir=tiny_model_dir, checkpoint_dir=tmp_path / "ckpt", trajectory_batches_topic=batches_topic.name,
-        weights_topic=weights_topic.name, group_id=consumer_group, **LINEAR,
+        weights_topic=weights_topic.name, group_id=consumer_group, max_staleness=None, **LINEAR,
     )  # fmt: skip
+    # max_staleness=None: the synthetic rows are all sampled by v0, and the rejected batches' versions make b3 stale.
     data = make_batches(3)
     big = tmp_path / "b2.arrow"
     big.write_bytes(data[1])
@@ -85,10 +86,15 @@ async def test_serve_trains_publishes_and_skips_redelivered_batches(
     stop = asyncio.Event()
     task = asyncio.create_task(serve(settings, stop, kafka_settings))
     async with Consumer(kafka_settings, [weights_topic], group_id=consumer_group + "-w") as weights:
-        seen = await wait_for_versions(weights, 3, timeout_s=120)
-        assert [w.version for w in seen] == [1, 2, 3]  # no version for the redelivery or the corrupt batch
-        assert [w.step for w in seen] == [1, 2, 3]
-        assert all(w.base_model == "policy" and "loss" in w.metrics for w in seen)
+        seen = await wait_for_versions(weights, 5, timeout_s=120)
+        # No version for the redelivery; a version with unchanged weights for each rejected batch (the rollout's
+        # lag bound counts one version per batch it published).
+        assert [w.version for w in seen] == [1, 2, 3, 4, 5]
+        assert [w.batch_id for w in seen] == ["b1", "b2", bad_id, bad_id + "-arrow", "b3"]
+        assert [w.step for w in seen] == [1, 2, 2, 2, 3]
+        assert all(w.base_model == "policy" for w in seen)
+        assert ["loss" in w.metrics for w in seen] == [True, True, False, False, True]
+        assert [w.metrics.get("batch_rejected") for w in seen] == [None, None, 1.0, 1.0, None]
         # The learner's own clock: every step took time, and it was never busier than the time since the first batch.
         for w in seen:
             m = w.metrics
@@ -98,14 +104,14 @@ async def test_serve_trains_publishes_and_skips_redelivered_batches(
         stop.set()
         await asyncio.wait_for(task, 60)
         state = read_state(Path(seen[-1].uri))
-        assert state.applied_batches == ["b1", "b2", "b3"]
+        assert state.applied_batches == ["b1", "b2", bad_id, bad_id + "-arrow", "b3"]
         assert load_file(str(Path(seen[-1].uri) / "model.safetensors"))  # a loadable weights file
 
         # A restart re-announces the version it resumed from (covers a crash between checkpoint and publish).
         stop2 = asyncio.Event()
         task2 = asyncio.create_task(serve(settings, stop2, kafka_settings))
-        again = await wait_for_versions(weights, 3, timeout_s=120)
-        assert again[-1].version == 3 and again[-1].uri == seen[-1].uri
+        again = await wait_for_versions(weights, 5, timeout_s=120)
+        assert again[-1].version == 5 and again[-1].uri == seen[-1].uri
         stop2.set()
         await asyncio.wait_for(task2, 60)
 

@@ -138,13 +138,23 @@ def test_checkpoints_are_pruned_and_incomplete_dirs_ignored(tiny_model_dir, tmp_
     assert latest is not None and latest.name == "v00000004"
 
 
-def test_batch_without_trainable_tokens_is_skipped_without_a_version(tiny_model_dir, tmp_path):
+def test_batch_without_trainable_tokens_makes_a_version_with_the_same_weights(tiny_model_dir, tmp_path):
+    # One version per batch, trained or not: the rollout's lag bound waits for it (a stall otherwise).
     stale = write_batches(tmp_path, n=1, version=0, prefix="stale")
     fresh = write_batches(tmp_path, n=1, seed=1, prefix="fresh")
     s = settings(tiny_model_dir, tmp_path / "ckpt", max_staleness=0)
     results = train_files(s, [fresh[0], stale[0]])  # after one step the learner is at v1, batch sampled by v0
-    assert [(r.applied, r.version) for r in results] == [(True, 1), (False, 1)]
-    assert results[1].metrics["tokens_dropped_stale"] > 0
+    assert [(r.applied, r.advanced, r.version) for r in results] == [(True, True, 1), (False, True, 2)]
+    assert results[1].metrics["tokens_dropped_stale"] > 0 and results[1].metrics["batch_skipped"] == 1.0
+    v1, v2 = (r.checkpoint for r in results)
+    assert v1 is not None and v2 is not None and v2.name == "v00000002"
+    state = read_state(v2)
+    assert (state.version, state.step, state.applied_batches) == (2, 1, [fresh[0].stem, stale[0].stem])
+    a, b = load_file(str(v1 / "model.safetensors")), load_file(str(v2 / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)  # the weights did not move
+    # A redelivery of the skipped batch (a crash before its offset was committed) makes no second version.
+    again = train_files(s, [stale[0]])
+    assert [(r.applied, r.advanced, r.version) for r in again] == [(False, False, 2)]
 
 
 def test_kl_is_zero_at_the_reference_then_grows(tiny_model_dir, tmp_path):

@@ -8,8 +8,12 @@
         publish WeightsPublished(v+1, uri=<checkpoint dir>)
         commit the Kafka offset
 
-Versions: the base model is version 0; every applied batch produces the next version (step == version unless a
-batch had no trainable token left, which is recorded and skipped without a new version). On start the learner
+Versions: the base model is version 0 and **every batch taken off the topic produces the next version**. A batch
+that leaves nothing to train (every token masked or stale) or that is rejected (unreadable, another tokenizer's ids:
+dead-lettered) is recorded in the ledger and makes a version with unchanged weights (``metrics["batch_skipped"]``),
+so ``step`` (optimizer updates) can lag ``version``. Why: the rollout paces admission by the learner's version (one
+per batch it published, ``rollout.scheduler``); a batch that made no version would hold its lag bound shut for good.
+That happened: sessions cut off by a broker outage were all masked, and the run stalled. On start the learner
 resumes from the newest complete checkpoint and publishes it again (idempotent: the topic is compacted and
 engines ignore versions they already have), so a crash between checkpoint and publish loses nothing.
 
@@ -78,8 +82,9 @@ log = structlog.get_logger()
 @dataclass(frozen=True)
 class StepResult:
     batch_id: str
-    applied: bool  # False: already in the ledger, or nothing trainable left
+    applied: bool  # False: already in the ledger, nothing trainable left, or rejected
     version: int  # the learner's version after this batch
+    advanced: bool = False  # this batch made a new version (applied, or skipped with unchanged weights)
     metrics: dict[str, float] = field(default_factory=dict)
     checkpoint: Path | None = None  # set once saved (rank 0 only)
 
@@ -167,11 +172,10 @@ class Learner:
         skip_zero = s.skip_zero_advantage_rows and self.ref is None and s.optimizer_steps_per_batch == 1
         batch = prepare(seqs, self.version, s.max_staleness, s.loss_agg, s.max_seq_len, skip_zero)
         if not batch.stats["tokens_trainable"]:
-            # Nothing trainable (all stale / masked): no update, no new version. Deterministic, so a redelivery
-            # after a crash makes the same decision even before the ledger is persisted.
-            self._record(batch_id)
+            # Nothing trainable (all stale / masked): no update, but a version all the same (module docstring).
+            # Deterministic, so a redelivery after a crash makes the same decision even before the ledger is persisted.
             log.warning("batch has no trainable tokens, skipped", batch_id=batch_id, **batch.stats)
-            return StepResult(batch_id=batch_id, applied=False, version=self.version, metrics=batch.stats)
+            return self.skip(batch_id, batch.stats)
         local = microbatches(batch, s.micro_batch_tokens, info.rank, info.world_size, s.micro_batch_layout)
         mbs = [mb.to(info.device) for mb in local]
 
@@ -269,7 +273,17 @@ class Learner:
         self.state.metrics = metrics
         self._record(batch_id)
         log.info("train step done", batch_id=batch_id, step=self.state.step, version=self.version, **metrics)
-        return StepResult(batch_id=batch_id, applied=True, version=self.version, metrics=metrics)
+        return StepResult(batch_id=batch_id, applied=True, version=self.version, metrics=metrics, advanced=True)
+
+    def skip(self, batch_id: str, metrics: dict[str, float] | None = None) -> StepResult:
+        """Take ``batch_id`` without an update: ledger entry and a new version with the same weights. Every rank."""
+        self.state.version += 1
+        self.state.trained_batch = batch_id
+        self.state.metrics = {**(metrics or {}), "batch_skipped": 1.0}
+        self._record(batch_id)
+        return StepResult(
+            batch_id=batch_id, applied=False, version=self.version, metrics=self.state.metrics, advanced=True
+        )
 
     def _record(self, batch_id: str) -> None:
         self._applied.add(batch_id)
@@ -371,7 +385,7 @@ def train_files(settings: LearnerSettings, paths: Iterable[Path], info: DistInfo
     results = []
     for path in paths:
         result = learner.step(path.stem, path.read_bytes())
-        if result.applied:
+        if result.advanced:
             result = StepResult(**{**result.__dict__, "checkpoint": learner.save()})
         results.append(result)
     return results
@@ -429,18 +443,21 @@ async def serve(
                 except BatchError as exc:
                     log.error("batch unreadable, dead-lettered", error=str(exc), offset=msg.offset)
                     await producer.send(DEAD_LETTER, _dead_letter(msg.topic, msg.partition, msg.offset, batch, exc))
-                    await commit(msg)
-                    continue
-                broadcast_object(("batch", batch.batch_id, bytes(payload)), learner.info)
-                try:
-                    result = await asyncio.to_thread(learner.step, batch.batch_id, payload)
-                except (ContractError, BatchError) as exc:
-                    # Bad rows are data, not a crash: every rank failed the same way while decoding.
-                    log.error("batch rejected, dead-lettered", error=str(exc), offset=msg.offset)
-                    await producer.send(DEAD_LETTER, _dead_letter(msg.topic, msg.partition, msg.offset, batch, exc))
-                    await commit(msg)
-                    continue
-                if result.applied:
+                    if learner.already_applied(batch.batch_id):
+                        result = StepResult(batch_id=batch.batch_id, applied=False, version=learner.version)
+                    else:
+                        broadcast_object(("skip", batch.batch_id), learner.info)
+                        result = learner.skip(batch.batch_id, {"batch_rejected": 1.0})
+                else:
+                    broadcast_object(("batch", batch.batch_id, bytes(payload)), learner.info)
+                    try:
+                        result = await asyncio.to_thread(learner.step, batch.batch_id, payload)
+                    except (ContractError, BatchError) as exc:
+                        # Bad rows are data, not a crash: every rank failed the same way while decoding (and skips).
+                        log.error("batch rejected, dead-lettered", error=str(exc), offset=msg.offset)
+                        await producer.send(DEAD_LETTER, _dead_letter(msg.topic, msg.partition, msg.offset, batch, exc))
+                        result = learner.skip(batch.batch_id, {"batch_rejected": 1.0})
+                if result.advanced:
                     await asyncio.to_thread(learner.save)
                     busy = clock.batch_done()
                     await producer.send(weights_topic, learner.weights_event(busy))
@@ -463,20 +480,24 @@ async def serve(
 def _follow(learner: Learner) -> None:
     """Ranks > 0: mirror rank 0's steps and saves until it says stop."""
     for batch_id, payload in _broadcasts(learner.info):
-        try:
-            result = learner.step(batch_id, payload)
-        except (ContractError, BatchError):
-            continue  # rank 0 rejected the same batch the same way
-        if result.applied:
+        if payload is None:  # rank 0 could not read the batch and skips it
+            result = learner.skip(batch_id, {"batch_rejected": 1.0})
+        else:
+            try:
+                result = learner.step(batch_id, payload)
+            except (ContractError, BatchError):
+                result = learner.skip(batch_id, {"batch_rejected": 1.0})  # rank 0 rejected it the same way
+        if result.advanced:
             learner.save()
 
 
-def _broadcasts(info: DistInfo) -> Iterator[tuple[str, bytes]]:
+def _broadcasts(info: DistInfo) -> Iterator[tuple[str, bytes | None]]:
+    """Rank 0's messages: ("batch", id, payload), ("skip", id) (yielded with payload None), ("stop",)."""
     while True:
         msg = broadcast_object(None, info)
         if msg[0] == "stop":
             return
-        yield msg[1], msg[2]
+        yield msg[1], (msg[2] if msg[0] == "batch" else None)
 
 
 def _dead_letter(topic: str, partition: int, offset: int, batch: TrajectoryBatch, exc: Exception) -> DeadLetter:

@@ -27,8 +27,9 @@ group's rollout step is ``(train_groups_admitted - dropped) // groups_per_step``
   (``s - skipped`` is the index of the batch the new group will land in);
 - ``off``: nothing is reported.
 
-Why this always progresses (the learner makes one version per batch it trains; every admitted group ends, at the
-latest by its deadline): suppose nothing is in flight and admission is blocked at step ``s``.
+Why this always progresses (the learner makes one version per batch it takes, even one with nothing left to train
+or one it rejects: ``learner.train``; every admitted group ends, at the latest by its deadline): suppose nothing is
+in flight and admission is blocked at step ``s``.
 ``drop``: the lag test of a step only gets looser over time (the version and the skipped count only grow), so a step
 that admitted one group admits all of its groups; hence every step below ``s`` was fully admitted and has completed,
 and each became either a batch (a version, once trained) or a skipped step: ``learner_version + skipped = s``, lag 0.
