@@ -111,7 +111,7 @@ class DemoConfig:
     engine: str = "cpu"
     steps: int = 10
     workload: str = "count"
-    harness: str = "toy"
+    harness: str = "toy-stdlib"
     group_size: int = 8
     groups_per_step: int = 4
     lr: float = 5e-5
@@ -183,7 +183,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="count: next/previous number, exact reward, held-out eval (smollm2's default); toy: one-digit sums with "
         "digit credit (tiny's default); swe: bundled SWE tasks with a real harness",
     )
-    p.add_argument("--harness", default=None, help="harness preset (default: toy, or pi for swe)")
+    p.add_argument("--harness", default=None, help="harness preset (default: toy-stdlib, or pi for swe)")
     p.add_argument("--group-size", type=int, default=None, help="sessions per GRPO group (G)")
     p.add_argument("--groups-per-step", type=int, default=None)
     p.add_argument("--lr", type=float, default=None, help="learner learning rate")
