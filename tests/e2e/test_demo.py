@@ -65,7 +65,7 @@ def test_demo_trains_end_to_end_and_the_dashboard_shows_it(tmp_path: Path) -> No
         state = _get(f"{dash}/api/state")
         assert len(state["reward_per_step"]) >= 3 and state["weight_version"] == 3
         assert state["sessions_by_state"]["DONE"] >= 24
-        assert state["harness"]["toy"]["trainable_fraction"] > 0
+        assert state["harness"][cfg.harness]["trainable_fraction"] > 0
         assert any(s["calls"] for s in state["recent_sessions"]), "recent sessions list their model calls"
 
         chromium = shutil.which("chromium")
