@@ -39,3 +39,35 @@ async def test_apply_weights_event_only_moves_forward(dev_model_dir: Path, tmp_p
     finally:
         engine.stop()
     assert engine.version == 7 and engine.stats["swaps"] == 1
+
+
+class _Idle:
+    """A weights target that takes nothing (the follower's start-up is what is tested)."""
+
+    version = 0
+
+    async def load_weights(self, path: Path, version: int) -> bool:
+        return False
+
+
+@pytest.mark.integration
+async def test_the_follower_creates_a_missing_weights_topic_and_becomes_ready(kafka_settings) -> None:
+    # A fresh broker has no floe.weights: the engine used to stay unready until someone ran `floe topics create`.
+    import uuid
+
+    from eventbus.admin import list_topics
+    from inference.reloader import run_weight_follower
+
+    name = f"floe.weights.fresh-{uuid.uuid4().hex[:8]}"
+    assert name not in list_topics(kafka_settings)
+    ready = asyncio.Event()
+    task = asyncio.create_task(
+        run_weight_follower(_Idle(), kafka_settings, topic_name=name, policy_name="policy", ready=ready)
+    )
+    try:
+        await asyncio.wait_for(ready.wait(), 60)
+        assert name in list_topics(kafka_settings)
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task

@@ -17,12 +17,15 @@ In-process test servers (``uvicorn.Server`` in a thread) get the logging and the
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
+import contextlib
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
 import structlog
 import uvicorn
 from fastapi import FastAPI
+
+from eventbus.errors import BrokerUnavailable
 
 __all__ = ["critical_failure", "critical_task", "serve"]
 
@@ -57,12 +60,40 @@ def critical_failure(app: FastAPI) -> str | None:
 
 
 def serve(app: FastAPI, host: str, port: int, *, log_level: str = "warning") -> int:
-    """Run ``app`` until SIGINT/SIGTERM or a critical task's death; the exit code says which (0 or 1)."""
+    """Run ``app`` until SIGINT/SIGTERM or a critical task's death; the exit code says which (0 or 1), or 2 when the
+    service could not start because the broker is unreachable (one error line that says where it looked and how to
+    start one, not uvicorn's traceback of the lifespan)."""
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level))
+    unreachable: list[str] = []
+    inner = app.router.lifespan_context
+
+    @contextlib.asynccontextmanager
+    async def lifespan(a: Any) -> AsyncIterator[Any]:
+        async with contextlib.AsyncExitStack() as stack:
+            try:
+                state = await stack.enter_async_context(inner(a))
+            except BrokerUnavailable as exc:
+                from eventbus.settings import KafkaSettings
+
+                unreachable.append(str(exc))
+                log.error(
+                    "cannot start: the Kafka broker is unreachable",
+                    bootstrap_servers=KafkaSettings().bootstrap_servers,
+                    error=str(exc),
+                    hint="start one (floe kafka up) or point FLOE_KAFKA_BOOTSTRAP_SERVERS (or --broker) at yours",
+                )
+                server.should_exit = True  # uvicorn returns before binding the port
+                yield None
+                return
+            yield state
+
+    app.router.lifespan_context = lifespan
 
     def stop() -> None:
         server.should_exit = True
 
     setattr(app.state, _STOP, stop)
     server.run()
+    if unreachable:
+        return 2
     return 1 if critical_failure(app) is not None else 0

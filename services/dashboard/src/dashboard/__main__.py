@@ -7,9 +7,17 @@ import uvicorn
 from dashboard.app import create_app
 from dashboard.settings import DashboardSettings
 from eventbus import KafkaSettings, configure_logging
+from eventbus.entrypoint import BROKER, http_flags, parse_service_args
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    parse_service_args(
+        "python -m dashboard",
+        "Serve the dashboard (reads the topics, writes nothing). Settings: FLOE_DASHBOARD_* and FLOE_KAFKA_*; the "
+        "flags override them.",
+        [*http_flags("FLOE_DASHBOARD_"), BROKER],
+        argv,
+    )
     configure_logging("dashboard")
     settings = DashboardSettings()
     uvicorn.run(create_app(settings, KafkaSettings()), host=settings.host, port=settings.port, log_level="warning")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+
 from gateway.cli import serve
 
 if __name__ == "__main__":
-    raise SystemExit(serve())
+    raise SystemExit(serve(sys.argv[1:]))

@@ -15,10 +15,28 @@ import sys
 
 import structlog
 
-__all__ = ["main", "serve"]
+from eventbus.entrypoint import BROKER, Flag, http_flags, list_flag, parse_service_args
+
+__all__ = ["gateway_flags", "main", "serve"]
 
 
-def serve() -> int:
+def gateway_flags() -> list[Flag]:
+    """The flags of a gateway (``python -m gateway``) and of a gateway node (``python -m sessions``)."""
+    return [
+        *http_flags("FLOE_GATEWAY_"),
+        BROKER,
+        list_flag("--engine-url", "FLOE_GATEWAY_ENGINE_URLS", "an inference engine's base URL", "URL"),
+    ]
+
+
+def serve(argv: list[str] | None = None, prog: str = "python -m gateway") -> int:
+    parse_service_args(
+        prog,
+        "Serve floe's model-API gateway alone (no session runner; that is `python -m sessions`). Settings: "
+        "FLOE_GATEWAY_* and FLOE_KAFKA_*; the flags override them.",
+        gateway_flags(),
+        argv,
+    )
     from eventbus import configure_logging
     from eventbus import serve as serve_app
     from gateway.app import create_app
@@ -40,6 +58,9 @@ def serve() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["serve"]:
+        return serve(argv[1:], prog="floe gateway serve")
     parser = argparse.ArgumentParser(prog="floe gateway", description="the floe model-API gateway")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("serve", help="run the gateway")
@@ -49,8 +70,6 @@ def main(argv: list[str] | None = None) -> int:
     tok.add_argument("--tokenization", choices=["exact", "canonical"], default=None)
     tok.add_argument("--model", default="floe-policy")
     args = parser.parse_args(argv)
-    if args.command == "serve":
-        return serve()
     import httpx
 
     from gateway.settings import GatewaySettings

@@ -1,9 +1,10 @@
 """``python -m inference [--engine cpu|vllm] [--model DIR|NAME]``: serve floe's inference engine.
 
-Settings come from ``FLOE_INFERENCE_*`` (and ``FLOE_KAFKA_*``); the two flags override ``FLOE_INFERENCE_ENGINE`` and
-``FLOE_INFERENCE_MODEL_DIR``. ``--model`` takes a checkpoint directory or a name from ``floe model list``, which is
-fetched (or verified, if already cached) first. ``--engine vllm`` serves the same host, port and model name through
-``inference.vllm_proxy``, in front of a vLLM it starts (``deploy/vllm/serve.sh``) or ``FLOE_INFERENCE_VLLM_URL``.
+Settings come from ``FLOE_INFERENCE_*`` (and ``FLOE_KAFKA_*``); the flags override them (``--engine``,
+``--model``, ``--host``, ``--port``, ``--broker``). ``--model`` takes a checkpoint directory or a name from
+``floe model list``, which is fetched (or verified, if already cached) first. ``--engine vllm`` serves the same
+host, port and model name through ``inference.vllm_proxy``, in front of a vLLM it starts (``deploy/vllm/serve.sh``)
+or ``FLOE_INFERENCE_VLLM_URL``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m inference", description=__doc__.split("\n\n")[0])
     parser.add_argument("--engine", choices=["cpu", "vllm"], default=None, help="default: FLOE_INFERENCE_ENGINE or cpu")
     parser.add_argument("--model", default=None, help="checkpoint directory, or a model name of `floe model list`")
-    args = parser.parse_args(argv)
+    from eventbus.entrypoint import BROKER, http_flags, parse_service_args
+
+    args = parse_service_args(
+        parser.prog, parser.description or "", [*http_flags("FLOE_INFERENCE_"), BROKER], argv, parser=parser
+    )
 
     from eventbus import configure_logging
     from inference.settings import InferenceSettings

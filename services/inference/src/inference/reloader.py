@@ -28,7 +28,7 @@ from urllib.parse import urlparse
 import structlog
 
 from contracts import WEIGHTS, WeightsPublished
-from eventbus import Consumer, EventBusError, KafkaSettings
+from eventbus import Consumer, EventBusError, KafkaSettings, TopicMissing, ensure_topics
 
 __all__ = [
     "REJOIN_AFTER_S",
@@ -121,6 +121,9 @@ async def run_weight_follower(
     backoff = 0.5
     while True:
         try:
+            # A fresh broker has no topics yet: create this one (as every service does for its own) rather than
+            # wait, unready, for someone to run `floe topics create`.
+            await ensure_topics(kafka, [topic])
             async with Consumer(
                 kafka,
                 [topic],
@@ -144,6 +147,13 @@ async def run_weight_follower(
             raise
         except Exception as exc:  # broker down, auth, anything: keep serving the current weights and retry
             level = log.warning if isinstance(exc, EventBusError) else log.exception
-            level("weights_consumer_failed", error=str(exc), error_type=type(exc).__name__, retry_in_s=backoff)
+            hint = (
+                f"topic {topic.name} is missing and could not be created: `floe topics create` makes it"
+                if isinstance(exc, TopicMissing)
+                else None
+            )
+            level(
+                "weights_consumer_failed", error=str(exc), error_type=type(exc).__name__, retry_in_s=backoff, hint=hint
+            )
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 10.0)

@@ -22,7 +22,30 @@ if TYPE_CHECKING:
 __all__ = ["main"]
 
 
+def _serve_args(argv: list[str]) -> None:
+    from eventbus.entrypoint import BROKER, Flag, parse_service_args
+
+    parse_service_args(
+        "python -m learner [serve]",
+        "Run the learner service: consume trajectory batches, train, checkpoint, publish weights. Settings: "
+        "FLOE_LEARNER_* (MODEL_DIR and CHECKPOINT_DIR are required) and FLOE_KAFKA_*; the flags override them.",
+        [
+            BROKER,
+            Flag("--model-dir", "FLOE_LEARNER_MODEL_DIR", "base model directory (version 0)", metavar="DIR"),
+            Flag("--checkpoint-dir", "FLOE_LEARNER_CHECKPOINT_DIR", "where versions are written", metavar="DIR"),
+            Flag("--device", "FLOE_LEARNER_DEVICE", "torch device (cpu, cuda)", metavar="DEV"),
+        ],
+        argv,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
+    import sys
+
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] == "serve" or (argv[0].startswith("--") and argv[0] not in ("--help", "-h")):
+        _serve_args(argv[1:] if argv[:1] == ["serve"] else argv)
+        argv = ["serve"]
     parser = argparse.ArgumentParser(prog="floe learner", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command")
     sub.add_parser("serve", help="consume trajectory batches from Kafka and publish weights (default)")

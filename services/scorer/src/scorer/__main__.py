@@ -14,6 +14,7 @@ import sys
 import structlog
 
 from eventbus import KafkaSettings, configure_logging
+from eventbus.entrypoint import BROKER, Flag, parse_service_args
 from scorer.errors import ScorerError
 from scorer.factory import load_taskset, make_grader
 from scorer.service import ScorerService
@@ -57,5 +58,21 @@ async def _main() -> int:
     return 0
 
 
+def main(argv: list[str] | None = None) -> int:
+    parse_service_args(
+        "python -m scorer",
+        "Run the scorer service: grade each finished session's diff in a sandbox and publish its reward. Settings: "
+        "FLOE_SCORER_* and FLOE_KAFKA_*; the flags override them.",
+        [
+            BROKER,
+            Flag("--task-source", "FLOE_SCORER_TASK_SOURCE", "'bundled' or a SWE-bench JSONL file", metavar="SOURCE"),
+            Flag("--workers", "FLOE_SCORER_WORKERS", "concurrent graders", type=int, metavar="N"),
+            Flag("--backend", "FLOE_SCORER_BACKEND", "sandbox: bwrap, docker or bare", metavar="NAME"),
+        ],
+        argv,
+    )
+    return asyncio.run(_main())
+
+
 if __name__ == "__main__":
-    sys.exit(asyncio.run(_main()))
+    sys.exit(main(sys.argv[1:]))

@@ -5,7 +5,9 @@ Settings: ``FLOE_GATEWAY_*`` (the proxy), ``FLOE_GATEWAY_SESSIONS_*`` (the runne
 
 from __future__ import annotations
 
+import sys
+
 from sessions.gateway_node import serve
 
 if __name__ == "__main__":
-    raise SystemExit(serve())
+    raise SystemExit(serve(sys.argv[1:]))

@@ -111,10 +111,27 @@ def create_node_app(
     )
 
 
-def serve() -> int:
+def serve(argv: list[str] | None = None) -> int:
     """Run a gateway node until SIGTERM; exits 1 when the session runner (or anything critical) died."""
     from eventbus import configure_logging
     from eventbus import serve as serve_app
+    from eventbus.entrypoint import Flag, parse_service_args
+    from gateway.cli import gateway_flags
+
+    parse_service_args(
+        "python -m sessions",
+        "Run a gateway node: the model-API proxy and the session runner in one process. Settings: FLOE_GATEWAY_* "
+        "(the proxy), FLOE_GATEWAY_SESSIONS_* (the runner), FLOE_KAFKA_*; the flags override them.",
+        [
+            *gateway_flags(),
+            Flag("--node-id", "FLOE_GATEWAY_SESSIONS_NODE_ID", "this node's name in session events", metavar="ID"),
+            Flag(
+                "--max-running", "FLOE_GATEWAY_SESSIONS_MAX_RUNNING", "sessions running at once", type=int, metavar="N"
+            ),
+            Flag("--work-root", "FLOE_GATEWAY_SESSIONS_WORK_ROOT", "session and pool directories", metavar="DIR"),
+        ],
+        argv,
+    )
 
     configure_logging("gateway")
     settings = GatewaySettings()
