@@ -118,6 +118,23 @@ def test_task_validation_works_under_both_spellings(capsys: pytest.CaptureFixtur
     assert len(capsys.readouterr().out.splitlines()) == 25
 
 
+def test_a_task_source_is_one_flag_name_everywhere(capsys: pytest.CaptureFixture[str]) -> None:
+    # `--task-source` (as `floe session run` and the settings spell it) in every command, `--source` kept as an alias,
+    # before or after the subcommand.
+    for argv in (
+        ["score", "validate", "--task-source", "toy", "--no-grade"],
+        ["tasks", "validate", "--task-source", "toy", "--no-grade"],
+        ["tasks", "--task-source", "toy", "validate", "--no-grade"],
+    ):
+        assert main(argv) == 0, argv
+        assert "structure ok: 25 tasks" in capsys.readouterr().out
+    for argv in (["tasks", "list", "--task-source", "toy"], ["tasks", "list", "--source", "toy"]):
+        assert main(argv) == 0, argv
+        assert len(capsys.readouterr().out.splitlines()) == 25
+    assert main(["tasks", "--source", "toy", "list", "--task-source", "bundled"]) == 0  # the later one wins
+    assert len(capsys.readouterr().out.splitlines()) == 24
+
+
 def test_serve_refuses_a_service_without_main_module(capsys: pytest.CaptureFixture[str]) -> None:
     if not _importable("scorer.__main__"):  # the scorer package exists but has no __main__ yet
         assert main(["serve", "scorer"]) == 2

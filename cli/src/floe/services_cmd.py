@@ -42,7 +42,7 @@ ALIASES: dict[tuple[str, ...], tuple[str, list[str]]] = {
 }
 # Options (each with a value) that a delegate takes before its subcommand: an alias still matches past them
 # (`floe tasks --source X validate`), and they are handed on after the replacement.
-LEADING_OPTIONS: dict[str, frozenset[str]] = {"tasks": frozenset({"--source"})}
+LEADING_OPTIONS: dict[str, frozenset[str]] = {"tasks": frozenset({"--task-source", "--source"})}
 
 
 def resolve_alias(argv: list[str]) -> tuple[str, list[str]] | None:

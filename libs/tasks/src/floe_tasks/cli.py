@@ -43,10 +43,18 @@ def main(argv: list[str] | None = None) -> int:
         description="inspect task sets",
         epilog="validate one: floe score validate (or floe tasks validate)",
     )
-    parser.add_argument("--source", default="bundled", help="'bundled', 'toy' or a SWE-bench JSONL path")
+    parser.add_argument(
+        "--task-source", "--source", dest="source", default="bundled", help="'bundled', 'toy' or a SWE-bench JSONL path"
+    )
+    # The same flag after the subcommand too (`floe tasks list --task-source toy`); SUPPRESS keeps the top-level value
+    # unless it is given there.
+    after = argparse.ArgumentParser(add_help=False)
+    after.add_argument("--task-source", "--source", dest="source", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("list", help="one line per task")
-    show = sub.add_parser("show", help="one task as JSON (without gold/test patches unless --with-solution)")
+    sub.add_parser("list", help="one line per task", parents=[after])
+    show = sub.add_parser(
+        "show", help="one task as JSON (without gold/test patches unless --with-solution)", parents=[after]
+    )
     show.add_argument("instance_id")
     show.add_argument("--with-solution", action="store_true")
     args = parser.parse_args(argv)

@@ -38,7 +38,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--task", help="instance id")
     parser.add_argument("--diff", help="diff file ('-' for stdin)")
-    parser.add_argument("--source", default=None, help="'bundled' or a SWE-bench JSONL (default: settings)")
+    parser.add_argument(
+        "--task-source",
+        "--source",
+        dest="source",
+        default=None,
+        help="'bundled' or a SWE-bench JSONL (default: settings)",
+    )
     parser.add_argument("--backend", choices=["bwrap", "docker", "bare"], default=None)
     parser.add_argument("--timeout", type=float, default=None, help="wall-clock seconds per instance")
     parser.add_argument("--json", action="store_true", help="print the full report as JSON")
@@ -85,7 +91,13 @@ def _validate(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="floe score validate", description="check every task by its evaluator, then grade its checks"
     )
-    parser.add_argument("--source", default=None, help="'bundled', 'toy' or a SWE-bench JSONL (default: settings)")
+    parser.add_argument(
+        "--task-source",
+        "--source",
+        dest="source",
+        default=None,
+        help="'bundled', 'toy' or a SWE-bench JSONL (default: settings)",
+    )
     parser.add_argument("--no-grade", action="store_true", help="data checks only")
     parser.add_argument("--no-cache", action="store_true", help="regrade even if this digest validated before")
     parser.add_argument("--workers", type=int, default=0)
