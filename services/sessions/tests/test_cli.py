@@ -53,3 +53,19 @@ async def test_session_run_prints_transitions_diff_and_calls(
     for i, state in enumerate(["REQUESTED", "PREPARING", "READY", "RUNNING", "FINISHING", "DONE"]):
         assert f"[{i}] {state}" in text
     assert "+fixed" in text and "== recorded calls (1)" in text and "#0 openai_chat" in text
+
+
+def test_session_run_without_an_engine_says_how_to_start_one(capsys: pytest.CaptureFixture[str]) -> None:
+    # It used to run the harness anyway and end FAILED "harness pi exited with code 1" (the 503 in a stderr tail).
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]  # nothing listens once the socket is closed
+    out = io.StringIO()
+    argv = ["run", "--harness", "pi", "--task", "floe__pager-3", "--engine-url", f"http://127.0.0.1:{closed}"]
+    assert session_main(argv, out=out) == 2
+    err = capsys.readouterr().err
+    assert f"no inference engine at http://127.0.0.1:{closed}" in err and "Connection refused" in err
+    assert "floe serve inference" in err and "--engine-url" in err
+    assert out.getvalue() == "", "no session was started"

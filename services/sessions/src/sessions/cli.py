@@ -68,7 +68,12 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--harness", required=True, help="preset name (services/sessions/presets/<name>.toml)")
     run.add_argument("--task", required=True, help="task instance id")
     run.add_argument("--task-source", default="bundled", help="'bundled' or a SWE-bench JSONL path")
-    run.add_argument("--engine-url", default=os.environ.get("FLOE_ENGINE_URL", "http://127.0.0.1:8100"))
+    run.add_argument(
+        "--engine-url",
+        default=os.environ.get("FLOE_ENGINE_URL", "http://127.0.0.1:8100"),
+        help="the inference engine the session's gateway forwards to (env FLOE_ENGINE_URL; default "
+        "http://127.0.0.1:8100, where `floe serve inference` listens)",
+    )
     run.add_argument("--model", default="floe-policy", help="model name presented to the harness")
     run.add_argument("--command", default=None, help="shell line for the generic 'command' preset")
     run.add_argument("--agent-timeout", type=float, default=600.0)
@@ -95,10 +100,38 @@ def session_main(argv: list[str] | None = None, out: TextIO | None = None) -> in
             except PresetError as exc:
                 print(f"{file.stem:16} INVALID: {exc}", file=out)
         return 0
+    problem = _engine_problem(args.engine_url)
+    if problem is not None:
+        print(problem, file=sys.stderr)
+        return 2
     if os.geteuid() != 0:
         print("floe session run needs root: the sandbox drops to another uid (setpriv + bwrap)", file=sys.stderr)
         return 2
     return asyncio.run(_run(args, settings, out))
+
+
+def _engine_problem(url: str) -> str | None:
+    """Why the engine at ``url`` cannot serve a session, in words that say what to do; None when it answers.
+
+    Without this, a session against no engine ends FAILED "harness pi exited with code 1" after the harness's own
+    retries, the gateway's 503 buried in its stderr tail."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/v1/models", timeout=5):
+            return None
+    except urllib.error.HTTPError as exc:
+        if exc.code < 500:
+            return None  # it answers HTTP (a proxy in front may refuse the listing): let the gateway's checks speak
+        reason = f"answers {exc.code} {exc.reason}"
+    except (urllib.error.URLError, OSError) as exc:
+        reason = f"does not answer ({getattr(exc, 'reason', exc)})"
+    return (
+        f"floe session run: no inference engine at {url}: it {reason}.\n"
+        "Start one, e.g. `floe serve inference` (the CPU engine on 127.0.0.1:8100; `--model smollm2-135m` for the real "
+        "model) or `floe serve inference --engine vllm`, or point --engine-url (FLOE_ENGINE_URL) at yours."
+    )
 
 
 async def _run(args: argparse.Namespace, settings: Any, out: TextIO) -> int:
