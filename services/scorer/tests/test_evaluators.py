@@ -119,3 +119,20 @@ def test_answer_tasks_grade_without_the_sandbox(bare_grader: Grader) -> None:
     wrong = bare_grader.grade(task, answer_patch("7"))
     assert (wrong.outcome, wrong.reward) == (Outcome.UNRESOLVED, 0.5)
     assert not (bare_grader.work_dir / "src").exists()  # nothing was materialized for a sandbox
+
+
+def test_validation_names_listed_tests_the_eval_never_runs() -> None:
+    # A user's instance listed PASS_TO_PASS tests in files its test patch does not touch: the eval runs only the test
+    # patch's files (as SWE-bench does), they were never collected, and the gold patch read as "PASS_TO_PASS broken".
+    task = next(t for t in TaskSet.from_source("bundled") if t.evaluator == "swebench")
+    (run,) = task.test_files[:1]
+    assert task_problems(task) == []
+    other = task.model_copy(
+        update={"PASS_TO_PASS": [*task.PASS_TO_PASS, "tests/test_other.py::test_a", "tests/test_other.py::test_b"]}
+    ).with_snapshot(task.snapshot)
+    (problem,) = task_problems(other)
+    assert problem.startswith("2 PASS_TO_PASS test(s) in tests/test_other.py, which the eval never runs")
+    assert run in problem
+    # ids of other styles name no file: not flagged
+    django = task.model_copy(update={"PASS_TO_PASS": ["test_x (app.tests.Case)"]}).with_snapshot(task.snapshot)
+    assert task_problems(django) == []

@@ -76,6 +76,19 @@ def test_sanity_gold_and_fixed_module_resolve(grader: Grader, task: Task, make_d
     assert grader.grade(task, honest).outcome is Outcome.RESOLVED
 
 
+def test_a_missing_snapshot_is_an_error_not_the_agents_failure(grader: Grader, task: Task, tmp_path: Path) -> None:
+    # A user's JSONL without its repos/ folder: the gold patch used to "not apply" to an empty tree, reward 0, so the
+    # sample trained as the agent's failure. It is ours: ERROR (masked), and the reason says what is missing.
+    jsonl = tmp_path / "tasks.jsonl"
+    jsonl.write_text(task.model_dump_json() + "\n")
+    orphan = TaskSet.from_jsonl(jsonl).get(task.instance_id)
+    assert orphan.snapshot is None
+    result = grader.grade(orphan, task.patch)
+    assert result.outcome is Outcome.ERROR, result.reason
+    assert "no repository snapshot" in result.reason and f"repos/{task.instance_id}.bundle" in result.reason
+    assert _job_dirs(grader) == []
+
+
 def test_editing_tests_is_undone(grader: Grader, task: Task, make_diff: MakeDiff) -> None:
     diff = make_diff(task, {"tests/test_core.py": "def test_chunk_keeps_partial_tail():\n    pass\n"})
     res = grader.grade(task, diff)

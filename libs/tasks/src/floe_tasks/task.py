@@ -111,6 +111,15 @@ class Task(BaseModel):
         clone._snapshot = bundle
         return clone
 
+    def require_snapshot(self) -> None:
+        """Raise ``MaterializeError`` when this task names a base commit and no snapshot holds it."""
+        if self._snapshot is None and self.base_commit:
+            raise MaterializeError(
+                f"task {self.instance_id} has no repository snapshot: no git bundle holding {self.base_commit[:12]}"
+                f" was found (repos/{self.instance_id}.bundle or repos/{self.repo.replace('/', '__')}.bundle"
+                " next to the JSONL)"
+            )
+
     def materialize(self, dest: Path) -> Path:
         """Create a git working tree of the repository at ``base_commit`` in ``dest`` (absent or empty) and return it.
 
@@ -122,8 +131,7 @@ class Task(BaseModel):
         if dest.exists() and any(dest.iterdir()):
             raise MaterializeError(f"{dest} exists and is not empty")
         if self._snapshot is None:
-            if self.base_commit:  # a commit to check out, and nothing to check it out from
-                raise MaterializeError(f"task {self.instance_id} has no repository snapshot (no bundle found)")
+            self.require_snapshot()
             dest.mkdir(parents=True, exist_ok=True)
             _git(["init", "-q", "-b", "main", str(dest)])
             _git(

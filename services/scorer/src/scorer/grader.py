@@ -61,6 +61,7 @@ class Grader:
 
     def _pristine(self, task: Task) -> Path:
         """A read-only materialized tree per (task, base commit), created once and shared by jobs."""
+        task.require_snapshot()  # before the cache: a tree another task set left there is not this task's snapshot
         key = f"{task.instance_id}-{task.base_commit[:12]}"
         with self._lock:
             lock = self._src_locks.setdefault(key, threading.Lock())
@@ -94,8 +95,10 @@ class Grader:
             path.chmod(0o755 if path.is_dir() or path.parent == bindir else 0o644)
         src = inp / "src"
         # the pristine tree is copied into the sandbox's tmpfs by the script; a symlink would not resolve inside
-        # bwrap, so we hard-copy only the small tree (cheap: tasks are tiny) when the backend needs a src.
-        if task.snapshot is not None and self.sandbox.name != "docker":
+        # bwrap, so we hard-copy only the small tree (cheap: tasks are tiny) when the backend needs a src. A task with
+        # a base commit and no snapshot raises MaterializeError here: an ERROR (ours, masked), where an empty src
+        # used to make "patch did not apply", the agent's failure with reward 0.
+        if self.sandbox.name != "docker":
             shutil.copytree(self._pristine(task), src, symlinks=True)
 
     # ---------------------------------------------------------------------------------------------- grading

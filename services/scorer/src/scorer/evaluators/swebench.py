@@ -105,9 +105,27 @@ class SwebenchEvaluator:
             problems.append("gold patch touches test files")
         if [p for p in patch_files(task.test_patch) if not _is_test_path(p)]:
             problems.append("test_patch touches non-test files")
+        problems += _uncollected_tests(task)
         if task.snapshot is not None:
             problems += materialize_problems(task)
         return problems
 
     def checks(self, task: Task) -> dict[str, str]:
         return {"gold": task.patch, "empty": "", "test_patch_only": task.test_patch}
+
+
+def _uncollected_tests(task: Task) -> list[str]:
+    """Listed tests in files the eval never runs: it runs ``test_cmd`` on the test patch's files only (as SWE-bench
+    does), so such a test is never collected and reads as broken, and a gold patch as unresolved. Only pytest ids
+    (``path::name``) name their file; other id styles are not checked."""
+    run = set(task.test_files)
+    problems = []
+    for kind, tests in (("FAIL_TO_PASS", task.FAIL_TO_PASS), ("PASS_TO_PASS", task.PASS_TO_PASS)):
+        outside = sorted({t.split("::", 1)[0] for t in tests if "::" in t} - run)
+        if outside:
+            n = sum(1 for t in tests if "::" in t and t.split("::", 1)[0] in outside)
+            problems.append(
+                f"{n} {kind} test(s) in {', '.join(outside)}, which the eval never runs: it runs only the test "
+                f"patch's files ({', '.join(sorted(run)) or 'none'}); those tests are never collected"
+            )
+    return problems
