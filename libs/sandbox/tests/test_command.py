@@ -24,7 +24,7 @@ def test_chain_order_and_isolation_flags() -> None:
         if a.startswith("/") and os.path.basename(a) in ("prlimit", "setpriv", "bwrap")
     ]
     assert tools == ["prlimit", "setpriv", "bwrap"]  # rlimits set as root, then the drop, then the sandbox
-    for flag in ("--nofile=10", "--nproc=9", "--fsize=8", "--as=7", "--cpu=6", "--core=0"):
+    for flag in ("--nofile=10", "--nproc=9", "--fsize=8", "--as=7", "--cpu=6:7", "--core=0"):
         assert flag in argv
     for flag in ("--reuid=61005", "--regid=61005", "--clear-groups", "--no-new-privs"):
         assert flag in argv

@@ -145,6 +145,7 @@ def test_infinite_loop_is_stopped(grader: Grader, task: Task, make_diff: MakeDif
     t0 = time.monotonic()
     res = grader.grade(task, make_diff(task, {CORE: "while True:\n    pass\n" + _core(task)}))
     assert res.outcome is Outcome.UNRESOLVED
+    assert res.reason.endswith("the test run was killed by SIGXCPU: the CPU-time limit (RLIMIT_CPU)"), res.reason
     assert time.monotonic() - t0 < grader.limits.wall_s + 5
     _assert_contained(grader)
 

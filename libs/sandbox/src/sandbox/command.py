@@ -52,7 +52,10 @@ def _prlimit(spec: SandboxSpec) -> list[str]:
     if lim.address_space_bytes is not None:
         args.append(f"--as={lim.address_space_bytes}")
     if lim.cpu_s is not None:
-        args.append(f"--cpu={lim.cpu_s}")
+        # soft < hard: at the soft limit the kernel sends SIGXCPU, which names the limit in the exit status (128+24);
+        # with soft == hard it sends SIGKILL, which reads like any other kill. The hard limit a second later ends a
+        # process that ignores SIGXCPU.
+        args.append(f"--cpu={lim.cpu_s}:{lim.cpu_s + 1}")
     return [*args, "--"]
 
 

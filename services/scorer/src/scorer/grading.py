@@ -39,6 +39,7 @@ __all__ = [
     "get_eval_report",
     "get_logs_eval",
     "parse_log_pytest",
+    "recorded_exit_code",
 ]
 
 START_MARKER = ">>>>> Start Test Output"
@@ -95,6 +96,11 @@ def parse_log_pytest(log: str) -> dict[str, str]:
             continue
         status[parts[1]] = parts[0]
     return status
+
+
+def recorded_exit_code(log: str) -> int | None:
+    """The test command's exit code as the eval script recorded it (its last record), or None."""
+    return _exit_code(log)
 
 
 def _exit_code(log: str) -> int | None:

@@ -18,13 +18,14 @@ test patch of test files only; then gold -> resolved, empty -> unresolved, test 
 
 from __future__ import annotations
 
+import signal
 import time
 
 from contracts import Outcome
 from floe_tasks import Task, patch_files
 from scorer.evalscript import APPLIED_PREFIX, SANDBOX_UP
 from scorer.evaluators.base import EvalRunner, GradeResult, materialize_problems
-from scorer.grading import APPLY_FAILED, TESTS_TIMED_OUT, get_eval_report
+from scorer.grading import APPLY_FAILED, TESTS_TIMED_OUT, get_eval_report, recorded_exit_code
 
 __all__ = ["SwebenchEvaluator"]
 
@@ -76,6 +77,9 @@ class SwebenchEvaluator:
             reason = "patch did not apply"
         elif not report.found and res.returncode is not None and res.returncode < 0:
             reason = f"killed by signal {-res.returncode} ({report.reason})"
+        elif (killed := _killed_by(recorded_exit_code(out))) is not None:
+            # The test command died of a signal (bash reports 128+N): say which limit fired, not only "no results".
+            reason = f"{report.reason}; the test run was killed by {killed}"
         else:
             reason = report.reason
         return GradeResult(
@@ -129,3 +133,23 @@ def _uncollected_tests(task: Task) -> list[str]:
                 f"patch's files ({', '.join(sorted(run)) or 'none'}); those tests are never collected"
             )
     return problems
+
+
+# What a signal that ends the test command means under the sandbox's rlimits (``sandbox.Limits``).
+_LIMIT_SIGNALS = {
+    signal.SIGXCPU: "the CPU-time limit (RLIMIT_CPU)",
+    signal.SIGXFSZ: "the file-size limit (RLIMIT_FSIZE)",
+    signal.SIGKILL: "the CPU-time hard limit or an out-of-memory kill",
+}
+
+
+def _killed_by(code: int | None) -> str | None:
+    """``"SIGXCPU: the CPU-time limit (RLIMIT_CPU)"`` for a test exit code of 128+N, else None."""
+    if code is None or not 128 < code < 128 + 65:
+        return None
+    try:
+        sig = signal.Signals(code - 128)
+    except ValueError:
+        return f"signal {code - 128}"
+    limit = _LIMIT_SIGNALS.get(sig)
+    return f"{sig.name}: {limit}" if limit else sig.name
