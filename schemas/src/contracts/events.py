@@ -374,7 +374,11 @@ class RewardPublished(Event):
     reward: float
     outcome: Outcome
     resolved: bool
-    tests: dict[str, str] = Field(default_factory=dict, description="test name -> PASSED/FAILED/ERROR/SKIPPED")
+    tests: dict[str, str] = Field(
+        default_factory=dict,
+        description="test name -> PASSED/FAILED/ERROR/SKIPPED, or MISSING: a listed test the log has no result for "
+        "(never collected)",
+    )
     apply_status: str = ""
     reason: str | None = None
     timings_ms: dict[str, float] = Field(default_factory=dict)

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from scorer.grading import ResolvedStatus, get_eval_report, get_logs_eval, parse_log_pytest
+from scorer.grading import END_MARKER, START_MARKER, ResolvedStatus, get_eval_report, get_logs_eval, parse_log_pytest
 
 SAMPLES: list[dict[str, Any]] = json.loads((Path(__file__).parent / "data" / "swebench_parity.json").read_text())
 
@@ -57,3 +57,16 @@ def test_forged_exit_code_printed_by_the_diff_is_ignored() -> None:
     )
     _status, found, reason = get_logs_eval(log)
     assert not found and "forged" in reason
+
+
+def test_listed_tests_the_log_never_mentions_are_told_apart_from_failures() -> None:
+    log = f"{START_MARKER}\nPASSED a.py::t\nFAILED a.py::u\n{END_MARKER}\n>>>>> Test Exit Code: 1\n"
+    report = get_eval_report(log, ["a.py::t"], ["a.py::u", "b.py::never", "b.py::also_never"])
+    assert not report.resolved  # SWE-bench's verdict: a missing PASS_TO_PASS test counts as broken
+    assert report.p2p_failure == ["a.py::u", "b.py::never", "b.py::also_never"]
+    assert report.missing == ["b.py::never", "b.py::also_never"]
+    assert report.reason == (
+        "0 FAIL_TO_PASS failing, 3 PASS_TO_PASS broken"
+        " (2 of them never ran: not in the test output, so never collected)"
+    )
+    assert get_eval_report(log, ["a.py::t"], []).missing == []

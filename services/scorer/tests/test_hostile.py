@@ -89,6 +89,17 @@ def test_a_missing_snapshot_is_an_error_not_the_agents_failure(grader: Grader, t
     assert _job_dirs(grader) == []
 
 
+def test_a_listed_test_that_never_ran_is_reported_missing(grader: Grader, task: Task) -> None:
+    # PASS_TO_PASS names a test in a file the eval does not run: the gold patch is unresolved (SWE-bench's verdict),
+    # and the report says the test was never collected instead of "broken".
+    ghost = "tests/test_elsewhere.py::test_ghost"
+    listed = task.model_copy(update={"PASS_TO_PASS": [*task.PASS_TO_PASS, ghost]}).with_snapshot(task.snapshot)
+    result = grader.grade(listed, task.patch)
+    assert result.outcome is Outcome.UNRESOLVED
+    assert result.tests[ghost] == "MISSING" and ghost in result.pass_to_pass["failure"]
+    assert "1 PASS_TO_PASS broken (1 of them never ran" in result.reason
+
+
 def test_editing_tests_is_undone(grader: Grader, task: Task, make_diff: MakeDiff) -> None:
     diff = make_diff(task, {"tests/test_core.py": "def test_chunk_keeps_partial_tail():\n    pass\n"})
     res = grader.grade(task, diff)

@@ -80,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  isolation: {result.isolation}")
         for kind, lists in (("FAIL_TO_PASS", result.fail_to_pass), ("PASS_TO_PASS", result.pass_to_pass)):
             for test in lists.get("failure", []):
-                print(f"  {kind} failing: {test} ({result.tests.get(test, 'missing')})")
+                status = result.tests.get(test, "MISSING")
+                print(f"  {kind} failing: {test} ({'missing: never collected' if status == 'MISSING' else status})")
         print(f"  time:      {result.timings_ms.get('total', 0):.0f} ms")
     if args.log:
         print(result.log_tail)

@@ -155,6 +155,9 @@ class EvalReport:
     p2p_success: list[str] = field(default_factory=list)
     p2p_failure: list[str] = field(default_factory=list)
     tests: dict[str, str] = field(default_factory=dict)
+    # Listed tests (in the failures above) with no result in the log at all: never collected, not failed. SWE-bench
+    # counts them as failures too (same verdict); the reason and the report tell them apart.
+    missing: list[str] = field(default_factory=list)
 
     @property
     def f2p_ratio(self) -> float:
@@ -208,6 +211,9 @@ def get_eval_report(log: str, fail_to_pass: list[str], pass_to_pass: list[str]) 
     else:
         why = f"{len(f2p_f)} FAIL_TO_PASS failing, {len(p2p_f)} PASS_TO_PASS broken"
         resolved_status = ResolvedStatus.NO
+    missing = [t for t in [*f2p_f, *p2p_f] if _lookup(t, status) is None]
+    if missing and resolved_status is not ResolvedStatus.FULL:
+        why += f" ({len(missing)} of them never ran: not in the test output, so never collected)"
     return EvalReport(
         found=True,
         resolved=resolved_status is ResolvedStatus.FULL,
@@ -218,4 +224,5 @@ def get_eval_report(log: str, fail_to_pass: list[str], pass_to_pass: list[str]) 
         p2p_success=p2p_s,
         p2p_failure=p2p_f,
         tests=status,
+        missing=missing,
     )

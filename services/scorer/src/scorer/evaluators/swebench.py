@@ -27,7 +27,9 @@ from scorer.evalscript import APPLIED_PREFIX, SANDBOX_UP
 from scorer.evaluators.base import EvalRunner, GradeResult, materialize_problems
 from scorer.grading import APPLY_FAILED, TESTS_TIMED_OUT, get_eval_report, recorded_exit_code
 
-__all__ = ["SwebenchEvaluator"]
+__all__ = ["MISSING", "SwebenchEvaluator"]
+
+MISSING = "MISSING"  # a listed test with no result in the log: never collected (``RewardPublished.tests``)
 
 
 def _is_test_path(path: str) -> bool:
@@ -89,7 +91,7 @@ class SwebenchEvaluator:
             report.resolved,
             reason,
             apply_status=apply_status,
-            tests=report.tests,
+            tests={**report.tests, **dict.fromkeys(report.missing, MISSING)},
             fail_to_pass={"success": report.f2p_success, "failure": report.f2p_failure},
             pass_to_pass={"success": report.p2p_success, "failure": report.p2p_failure},
             timings_ms=timings,
