@@ -197,5 +197,6 @@ def test_client_leaving_mid_stream_is_not_recorded(gw) -> None:
             break
         time.sleep(0.05)
     assert "floe_gateway_client_disconnects_total 1.0" in metrics
+    assert 'floe_gateway_unrecorded_calls_total{reason="client_disconnected"} 1.0' in metrics  # why: no record
     assert "floe_gateway_inflight_calls 0.0" in metrics
     assert gw.sink.events == []  # the harness never received the turn: no training sample from it

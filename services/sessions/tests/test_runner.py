@@ -126,6 +126,7 @@ async def test_refused_call_names_the_gateway_error_in_the_reason(
     assert "context_overflow: prompt is too long" in finished.reason and "maximum context length" in finished.reason
     assert "HTTP Error 400" in finished.stderr_tail
     assert finished.calls == 0 and finished.timings_ms["failed_calls"] == 1  # no record to wait for
+    assert finished.timings_ms["unrecorded:context_overflow"] == 1  # and why it has none
 
 
 async def test_calls_counts_only_recorded_calls_when_one_failed_and_the_harness_retried(
@@ -149,6 +150,7 @@ async def test_calls_counts_only_recorded_calls_when_one_failed_and_the_harness_
     finished = await run(n, request(taskset, metadata={"command": call}))
     assert finished.status is SessionState.DONE and finished.exit_code == 0, finished.stderr_tail
     assert finished.calls == 1 and finished.turns == 1 and finished.timings_ms["failed_calls"] == 1
+    assert [k for k in finished.timings_ms if k.startswith("unrecorded:")] == ["unrecorded:context_overflow"]
 
 
 async def test_agent_timeout_kills_tree_and_keeps_diff(

@@ -211,7 +211,7 @@ class Turn:
         if req.side_call is None and any(
             m.role == "system" and m.content.startswith(_MEMORY_AGENT) for m in req.messages
         ):
-            req.side_call = "memory"  # Qwen Code's background memory extraction (harnesses.md §5.3)
+            req.side_call = "memory"  # Qwen Code's background memory extraction (docs/harnesses.md, "Side calls")
         self._sampling = _effective_sampling(self.session, req, s, self.changes)
         engine_messages = [m.to_engine() for m in req.messages]
         tools = [t.to_engine() for t in req.tools]
@@ -274,6 +274,7 @@ class Turn:
         text_parts: list[str] = []
         reasoning_parts: list[str] = []
         ok = False
+        error: BaseException | None = None
         try:
             pending: tuple[str, EngineChunk] | None = self._first
             upstream = self._upstream
@@ -324,14 +325,15 @@ class Turn:
             self.result.usage = Usage(len(self._prompt_ids), len(ids))
             await self._record(ids, lps, version)
             ok = True
-        except GeneratorExit:
+        except (GeneratorExit, asyncio.CancelledError):
             self.gw.metrics.client_disconnects.inc()
+            error = _ClientLeft("the client left before the answer ended")
             raise
-        except asyncio.CancelledError:
-            self.gw.metrics.client_disconnects.inc()
+        except Exception as exc:
+            error = exc
             raise
         finally:
-            await self.aclose(status="ok" if ok else "error")
+            await self.aclose(status="ok" if ok else "error", error=error)
 
     def _collect(self, ev: TurnEvent, text: list[str], reasoning: list[str]) -> TurnEvent:
         """Add ``ev`` to the result; a tool call gets its index in the whole answer (engine and gateway parsers
@@ -448,17 +450,31 @@ class Turn:
                     await closer()
                 except Exception:  # closing a half-read upstream must not mask the real outcome
                     log.warning("upstream_close_failed", session_id=self.session.session_id)
-        if status != "ok":
-            self.session.calls_failed += 1
-            if isinstance(error, GatewayError):  # kept for the session's end reason (e.g. a context overflow)
-                self.session.last_error = f"{error.kind}: {error.message}"
         m = self.gw.metrics
+        if status != "ok":
+            # No record for this call: say why, per session (its end reason, SessionFinished.timings_ms) and in a
+            # metric, so a session with fewer records than calls is never a mystery.
+            self.session.calls_failed += 1
+            if isinstance(error, GatewayError):  # e.g. a context overflow, an engine that is down
+                why, self.session.last_error = error.kind, f"{error.kind}: {error.message}"
+            elif isinstance(error, _ClientLeft):
+                why, self.session.last_error = "client_disconnected", f"client_disconnected: {error}"
+            elif error is not None:
+                why, self.session.last_error = "internal_error", f"internal_error: {type(error).__name__}: {error}"
+            else:
+                why = "unknown"
+            self.session.unrecorded[why] = self.session.unrecorded.get(why, 0) + 1
+            m.unrecorded.labels(reason=why).inc()
         m.calls.labels(protocol=self.protocol.value, status=status).inc()
         m.duration.labels(protocol=self.protocol.value).observe(time.perf_counter() - self._t0)
         if self._admitted:
             self._admitted = False
             m.inflight.dec()
             self.gw.admission.leave()
+
+
+class _ClientLeft(Exception):
+    """The client went away mid-answer (a closed stream, a cancelled request): why a call has no record."""
 
 
 def _recorded_request(

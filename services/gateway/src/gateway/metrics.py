@@ -50,6 +50,12 @@ class GatewayMetrics:
         self.parse_failures = Counter(
             "floe_gateway_tool_call_parse_failures_total", "Tool-call blocks that were not valid JSON", registry=r
         )
+        self.unrecorded = Counter(
+            "floe_gateway_unrecorded_calls_total",
+            "Calls that ended without a ModelCallRecorded, by why (the gateway error's kind, client_disconnected, ...)",
+            ["reason"],
+            registry=r,
+        )
         self.client_disconnects = Counter(
             "floe_gateway_client_disconnects_total", "Streams the client left before the end (not recorded)", registry=r
         )

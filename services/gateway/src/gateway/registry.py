@@ -11,7 +11,7 @@ Used by ``POST /admin/sessions`` (control-token protected) and in process by the
     registry.calls(session_id) # model calls recorded so far
     registry.close(session_id) # later calls with its token get 401
 
-Attribution design (polar.md §7.5, style #5):
+Attribution design (docs/polar-comparison.md, "Attribution"; style #5):
 
 - A session token is 32 random bytes (``secrets.token_urlsafe``), prefixed ``floe-``; it is the harness's API key.
   The gateway accepts it from ``Authorization: Bearer``, ``x-api-key``, ``x-goog-api-key``, ``?key=``, or a URL
@@ -91,6 +91,7 @@ class Session:
     calls_ok: int = 0
     calls_failed: int = 0
     last_error: str | None = None  # the last refused call's gateway error, "<kind>: <message>"
+    unrecorded: dict[str, int] = field(default_factory=dict)  # why calls ended without a record -> how many
     chain: list[ChainEntry] = field(default_factory=list)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -193,6 +194,7 @@ class SessionRegistry:
             "calls_failed": s.calls_failed,
             "next_call_index": s.next_call_index,
             "last_error": s.last_error,
+            "unrecorded": dict(s.unrecorded),
         }
 
     def sweep(self) -> int:

@@ -67,7 +67,13 @@ class RegistryGateway:
         # ``calls`` is what consumers can expect on the model-calls topic (the rollout waits for that many records
         # and counts a session usable by it): a call the gateway could not serve has no record, so it is counted
         # apart (``failed``, published as timings_ms["failed_calls"]).
-        return SessionStats(calls=ok, turns=ok, failed=failed, last_error=stats.get("last_error"))
+        return SessionStats(
+            calls=ok,
+            turns=ok,
+            failed=failed,
+            last_error=stats.get("last_error"),
+            unrecorded=dict(stats.get("unrecorded", {})),
+        )
 
     def close(self, session_id: str) -> None:
         self.registry.close(session_id)

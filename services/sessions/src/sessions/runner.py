@@ -5,9 +5,9 @@
 it: the harness's process tree is gone (pid namespace torn down), the bridge socket and the gateway session are
 closed, and the session's directories (HOME, run dir, workspace) are deleted.
 
-Time budgets (polar.md §1.3): ``session_timeout_s`` runs from acceptance on this node and covers every stage,
-ending the session TIMEOUT wherever it is (no diff). ``agent_timeout_s`` starts when the harness starts; when it
-runs out the harness is killed, the diff is still collected, and the session ends TIMEOUT with
+Time budgets (docs/polar-comparison.md, "Time budgets"): ``session_timeout_s`` runs from acceptance on this node and
+covers every stage, ending the session TIMEOUT wherever it is (no diff). ``agent_timeout_s`` starts when the harness
+starts; when it runs out the harness is killed, the diff is still collected, and the session ends TIMEOUT with
 ``agent_timed_out=True`` (a trainable negative, unlike an infrastructure TIMEOUT).
 
 Exit status (``exit_code`` is always reported):
@@ -57,6 +57,7 @@ class SessionStats:
     turns: int = 0  # calls served and recorded (harnesses without a turn notion: the same as calls)
     failed: int = 0  # calls the gateway could not serve (engine down, bad request, ...)
     last_error: str | None = None  # the gateway's error for the last of them, "<kind>: <message>"
+    unrecorded: dict[str, int] = field(default_factory=dict)  # why calls ended without a record -> how many
 
 
 class SessionGateway(Protocol):
@@ -254,6 +255,8 @@ class SessionRunner:
         run.timings["calls"] = float(stats.calls)
         run.timings["turns"] = float(stats.turns)
         run.timings["failed_calls"] = float(stats.failed)
+        for why, n in stats.unrecorded.items():
+            run.timings[f"unrecorded:{why}"] = float(n)
         return stats
 
     async def _start_harness(self, run: _Run, prompt: str) -> None:
@@ -353,6 +356,8 @@ class SessionRunner:
         timings: dict[str, float] = {"prepare_ms": run.timings.get("prepare_ms", 0.0), "pool_hit": float(run.pool_hit)}
         if run.timings.get("failed_calls"):  # calls the gateway could not serve: no record on the calls topic
             timings["failed_calls"] = run.timings["failed_calls"]
+            # ... and why, per reason ("unrecorded:<gateway error kind>", "unrecorded:client_disconnected", ...)
+            timings.update({k: v for k, v in run.timings.items() if k.startswith("unrecorded:")})
         spans = {
             "acquire_ms": ("preparing", "ready"),
             "ready_wait_ms": ("ready", "slot"),
