@@ -1,11 +1,11 @@
 """Learner benchmark: training wall-clock on the same sessions built ``per_request`` vs ``prefix_merging``, on CPU.
 
-The same synthetic multi-turn agent sessions (the learner tests' ``services/learner/tests/synthetic.py``: every
-call's prompt extends the previous call's prompt + completion + tool output, as a real agent's does) are turned into
-the two batch forms of polar.md §3.2 / §3.3 — one row per call with its full prompt, or one merged row per session
-whose tool/template tokens are masked — and the real ``Learner.step`` trains on each (same model, same settings,
-fresh checkpoint dir). Both forms carry exactly the same trainable tokens; per_request re-processes every growing
-prefix.
+The same synthetic multi-turn agent sessions (the learner tests' ``services/learner/tests/synthetic.py``: every call's
+prompt extends the previous call's prompt + completion + tool output, as a real agent's does) are turned into the two
+batch forms (docs/polar-comparison.md, "Per-request traces" / "Prefix merging") — one row per call with its full prompt,
+or one merged row per session whose tool/template tokens are masked — and the real ``Learner.step`` trains on each (same
+model, same settings, fresh checkpoint dir). Both forms carry exactly the same trainable tokens; per_request
+re-processes every growing prefix.
 
 Prints tokens processed, trainable tokens, wall-clock per step and the ratio. Default: a small Qwen2-style model
 (hidden 128, 4 layers, vocab 512), 4 groups x 4 sessions x 8 turns, 3 measured steps per form after a warm-up.

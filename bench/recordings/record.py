@@ -169,7 +169,8 @@ def harness_command(cli: str, home: Path, url: str, token: str, prompt: str) -> 
             ANTHROPIC_MODEL="policy",
             ANTHROPIC_DEFAULT_HAIKU_MODEL="policy",
         )
-        # ``--allowedTools`` is variadic: the prompt must come first (harnesses.md 3.2); root may not skip permissions.
+        # ``--allowedTools`` is variadic: the prompt must come first (docs/harnesses.md, "Claude Code"); root may not
+        # skip permissions.
         return [_bin("claude"), "-p", prompt, "--allowedTools", "Read", "Edit", "Bash", "Agent"], env
     if cli == "qwen-code":
         (home / ".qwen").mkdir()

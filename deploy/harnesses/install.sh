@@ -20,7 +20,7 @@ PREFIX="${FLOE_HARNESS_HOME:-${FLOE_CACHE:-$DEFAULT_CACHE}/harnesses}"
 # system python over pyenv/uv shims.
 if [ -x /usr/bin/python3 ]; then PYTHON="${FLOE_HARNESS_PYTHON:-/usr/bin/python3}"; else PYTHON="${FLOE_HARNESS_PYTHON:-python3}"; fi
 
-# Pinned versions: the ones docs/harnesses.md verified. Bump them together with the presets.
+# Pinned versions: the ones docs/harnesses.md ("Pinned versions") lists. Bump them together with the presets.
 declare -A NPM_PKG=(
   [codex]="@openai/codex@0.171.0"
   [claude-code]="@anthropic-ai/claude-code@2.1.197"

@@ -1,4 +1,4 @@
-"""The redacted requests real CLIs sent (``tests/golden/harness-samples``, copied from docs/harnesses.md's capture)
+"""The redacted requests real CLIs sent (``tests/golden/harness-samples``; docs/harnesses.md, "How this is verified")
 parse with our wire models and convert to a canonical turn without loss: roles, tool calls and results, system
 prompts, side-call classification. They are hints: the real CLIs run in ``test_e2e_harness_clis.py``."""
 

@@ -7,9 +7,9 @@ under ``bench/learner*`` put this directory on ``sys.path`` and ``import synthet
   learner can be exercised without downloading anything.
 - ``synthetic_sessions``: multi-turn agent sessions made of model calls whose prompts extend each other exactly
   (prompt_i = prompt_{i-1} + completion_{i-1} + tool tokens), with per-token sampling logprobs and versions.
-- ``per_request_rows`` / ``prefix_merging_rows``: the two trajectory forms of the same sessions (polar.md §3.2 and
-  §3.3): one row per call with its full prompt, or one merged row per session chain whose tool/template tokens
-  are masked. Rows are ``contracts.TrajectoryRow``.
+- ``per_request_rows`` / ``prefix_merging_rows``: the two trajectory forms of the same sessions
+  (docs/polar-comparison.md, "Per-request traces" and "Prefix merging"): one row per call with its full prompt, or one
+  merged row per session chain whose tool/template tokens are masked. Rows are ``contracts.TrajectoryRow``.
 - ``masked_micro_batch``: a padded ``learner.data.MicroBatch`` of random ids trained on its completions only.
 
 Limits: token ids and logprobs are random, not sampled from a model; use them for speed and plumbing, never to

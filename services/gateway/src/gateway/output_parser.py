@@ -1,9 +1,9 @@
 """Incremental parser of the engine's completion text into text, reasoning and tool calls.
 
 Used on every engine text: in exact mode (``/v1/completions`` has no tool parser on vLLM or the CPU engine) all tool
-calls are found here, so a parse failure is observable (peers.md §2.2); in canonical mode both engines parse calls
-themselves (``delta.tool_calls``, assembled by ``upstream.EngineToolCalls``) and this parser sees only the text
-outside them. Grammar, Hermes/Qwen style::
+calls are found here, so a parse failure is observable (docs/peers.md, "Observable parse failures"); in canonical mode
+both engines parse calls themselves (``delta.tool_calls``, assembled by ``upstream.EngineToolCalls``) and this parser
+sees only the text outside them. Grammar, Hermes/Qwen style::
 
     <think> reasoning </think>          -> ReasoningDelta
     <tool_call>{"name":..,"arguments":{..}}</tool_call>   -> ToolCallDelta (emitted once the JSON is complete)

@@ -13,7 +13,8 @@ from contracts import MODEL_CALLS, SamplingPolicy, TokenizationMode
 
 __all__ = ["BILLING_HEADER_PATTERN", "GatewaySettings"]
 
-# Claude Code's first system block: a per-prompt hash that would break every prefix across tasks (harnesses.md §3.2).
+# Claude Code's first system block: a per-prompt hash that would break every prefix across tasks
+# (docs/harnesses.md, "Claude Code").
 BILLING_HEADER_PATTERN = r"(?m)^x-anthropic-billing-header:[^\n]*\n?"
 
 

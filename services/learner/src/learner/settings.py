@@ -1,7 +1,7 @@
 """Learner settings: every knob, read once from ``FLOE_LEARNER_*`` environment variables (or passed explicitly).
 
-Defaults follow Polar's SWE-Gym recipe (polar.md §5.1): AdamW lr 1e-6, betas (0.9, 0.98), weight decay 0.1, clip
-0.2 / 0.28, TIS on (cap 2), k3 KL with coefficient 0.001, gradient clipping at 1.0.
+Defaults follow Polar's SWE-Gym recipe (docs/polar-comparison.md, "Optimizer recipe"): AdamW lr 1e-6, betas (0.9, 0.98),
+weight decay 0.1, clip 0.2 / 0.28, TIS on (cap 2), k3 KL with coefficient 0.001, gradient clipping at 1.0.
 """
 
 from __future__ import annotations

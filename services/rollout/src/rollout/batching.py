@@ -1,12 +1,12 @@
 """Turn finished groups into ``TrajectoryBatch`` events: Arrow IPC inline, or a claim check above a size limit.
 
 - The rows are ``contracts.TrajectoryRow`` values and the table is ``contracts.trajectory_table`` (schema
-  ``TRAJECTORY_SCHEMA`` as is); the Arrow stream uses IPC buffer compression (zstd by default; the Kafka topic itself
-  is not compressed again, kafka.md §3.2).
+  ``TRAJECTORY_SCHEMA`` as is); the Arrow stream uses IPC buffer compression (zstd by default; on top of it the
+  producer adds only its cheap lz4 batch compression; docs/kafka.md, "Compression").
 - A stream larger than ``inline_max_bytes`` is written to ``claim_url`` (a directory, or any fsspec URL) under a
   content-addressed name ``<batch_id>-<sha256[:16]>.arrow``: the file is written completely (temporary name, then
   rename) *before* the event that names it is produced, so an aborted transaction leaves at most an orphan file,
-  never a dangling reference (kafka.md §3.3). The event carries ``uri`` and the full ``sha256``.
+  never a dangling reference (docs/kafka.md, "Claim-check batches"). The event carries ``uri`` and the full ``sha256``.
 - ``batch_id`` is derived from the builder and the batch's group ids, so rebuilding the same groups after a crash
   yields the same id, and the same bytes (``created_at`` is the latest ``finished_at`` of the batch's sessions, not
   the wall clock).

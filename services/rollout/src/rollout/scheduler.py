@@ -4,7 +4,8 @@ A *run* (``RunSpec``) is a stream of GRPO groups: a task list, a harness preset,
 Each admitted group is G ``SessionRequested`` events with deterministic ids (``<run>-<n>`` and ``<run>-<n>-<i>``),
 so re-publishing after a crash never starts a second session.
 
-**Admission** (``tick``) is paced by the learner, not by discarding data (peers.md §2.4, tinker-cookbook#822):
+**Admission** (``tick``) is paced by the learner, not by discarding data (docs/peers.md, "Pacing admission by the
+learner"; tinker-cookbook#822):
 - at most ``max_groups_in_flight`` groups are in flight (requested, not every session ended);
 - a *train* group for rollout step ``s = train_groups_admitted // groups_per_step`` is admitted only while
   ``s - learner_version <= max_off_policy_steps`` (the learner's version comes from ``WeightsPublished``), so data is

@@ -1,12 +1,12 @@
 """Where untrusted eval scripts run: the ``Sandbox`` protocol, the bubblewrap, bare and docker backends, and the probe.
 
-``BwrapSandbox`` maps a grading ``Job`` to floe's one launcher (``libs/sandbox``, scorer.md §3.2): an unprivileged
-uid from a pool (one per concurrent job, so RLIMIT_NPROC is per job), ``prlimit`` (CPU seconds, address space,
-processes, file size, open files, no core), then ``bwrap`` with read-only ``/usr`` and ``/etc``, a size-capped
-``/tmp``, the job's input directory read-only at ``/floe`` and a size-capped tmpfs at ``/testbed`` (writes by the
-diff land in RAM capped at ``testbed_bytes``; nothing on the host disk changes), no network, stdout and stderr
-merged and capped (head + tail). The launcher adds the wall-clock timeout, the process-tree kill, and the lifeline:
-a job never outlives the scorer, even one that dies while the job is starting.
+``BwrapSandbox`` maps a grading ``Job`` to floe's one launcher (``libs/sandbox``; docs/scorer.md, "Sandbox"): an
+unprivileged uid from a pool (one per concurrent job, so RLIMIT_NPROC is per job), ``prlimit`` (CPU seconds, address
+space, processes, file size, open files, no core), then ``bwrap`` with read-only ``/usr`` and ``/etc``, a size-capped
+``/tmp``, the job's input directory read-only at ``/floe`` and a size-capped tmpfs at ``/testbed`` (writes by the diff
+land in RAM capped at ``testbed_bytes``; nothing on the host disk changes), no network, stdout and stderr merged and
+capped (head + tail). The launcher adds the wall-clock timeout, the process-tree kill, and the lifeline: a job never
+outlives the scorer, even one that dies while the job is starting.
 
 What it does not cover (honest limits): no seccomp filter and no cgroup, so memory is capped by RLIMIT_AS only
 (crude); the kernel is the security boundary; code under test shares the pytest process, so a diff that hooks

@@ -6,8 +6,8 @@ and run tests with a ``python`` wrapper that puts that directory on ``PYTHONPATH
 scorer's own venv) keeps floe's packages, and with them the bundled gold patches, out of the sandbox.
 
 The interpreter: ``test_python`` when configured; otherwise the running interpreter when every directory above its
-installation is traversable by other users (bubblewrap resolves bind sources as the unprivileged uid, scorer.md
-§3.3 pitfall 4), else ``/usr/bin/python3``.
+installation is traversable by other users (bubblewrap resolves bind sources as the unprivileged uid;
+docs/scorer.md, "Test environment"), else ``/usr/bin/python3``.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Anthropic Messages (``POST /v1/messages``, ``/v1/messages/count_tokens``): wire models, canonical mapping, SSE.
 
-Quirks handled (harnesses.md §3.2, §5.2): a ``role: "system"`` message inside ``messages`` (Claude Code), system as
-a string or blocks with ``cache_control``, ``thinking: {type: adaptive|enabled}``, ``output_config``,
+Quirks handled (docs/harnesses.md, "Claude Code"): a ``role: "system"`` message inside ``messages`` (Claude Code),
+system as a string or blocks with ``cache_control``, ``thinking: {type: adaptive|enabled}``, ``output_config``,
 ``context_management`` and ``metadata`` accepted and ignored, server tools (``type`` other than custom) dropped and
-noted. A user turn's ``tool_result`` blocks become canonical tool messages (in order), its text a user message.
-Images and documents are refused with a 400.
+noted. A user turn's ``tool_result`` blocks become canonical tool messages (in order), its text a user message. Images
+and documents are refused with a 400.
 
 Stream grammar: ``message_start``, then per block ``content_block_start`` / ``content_block_delta`` (``text_delta``,
 ``thinking_delta`` + ``signature_delta``, ``input_json_delta``) / ``content_block_stop``, a ``ping``, then

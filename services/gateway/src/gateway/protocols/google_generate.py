@@ -1,10 +1,10 @@
 """Google Gemini API (``POST /v1beta/models/{model}:generateContent`` and ``:streamGenerateContent``).
 
-Quirks handled (harnesses.md §3.5): tools declared with ``parametersJsonSchema`` or ``parameters``; client-made
-function-call ids, replayed ``thoughtSignature`` (ignored); ``thought: true`` parts are reasoning;
-``functionResponse.response`` objects become the tool message's JSON text (a bare ``output`` string is used as
-is). Non-function tools (``googleSearch``, ``codeExecution``) are dropped; ``inlineData``/``fileData`` refused
-with a 400. The router side call (``responseJsonSchema`` on a ``*flash-lite*`` model) is classified.
+Quirks handled (docs/harnesses.md, "Gemini CLI"): tools declared with ``parametersJsonSchema`` or ``parameters``;
+client-made function-call ids, replayed ``thoughtSignature`` (ignored); ``thought: true`` parts are reasoning;
+``functionResponse.response`` objects become the tool message's JSON text (a bare ``output`` string is used as is).
+Non-function tools (``googleSearch``, ``codeExecution``) are dropped; ``inlineData``/``fileData`` refused with a 400.
+The router side call (``responseJsonSchema`` on a ``*flash-lite*`` model) is classified.
 
 Streaming: with ``alt=sse`` each chunk is one ``data:`` event; without it, a JSON array streamed element by
 element. The chunk with ``finishReason`` and ``usageMetadata`` is sent after the record is durable.

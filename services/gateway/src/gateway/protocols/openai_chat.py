@@ -1,8 +1,8 @@
 """OpenAI Chat Completions (``POST /v1/chat/completions``): wire models, to/from canonical, SSE chunks.
 
-Quirks handled (harnesses.md §5.5): ``developer`` role (pi, Codex-style prompts) becomes system; tool results as
-arrays of text parts (Qwen Code); assistant tool-call messages with ``content: null`` or no ``content`` key
-(mini-swe-agent); ``max_completion_tokens`` as well as ``max_tokens``; ``reasoning_content``/``reasoning`` on
+Quirks handled (docs/harnesses.md, "OpenAI Chat quirks"): ``developer`` role (pi, Codex-style prompts) becomes system;
+tool results as arrays of text parts (Qwen Code); assistant tool-call messages with ``content: null`` or no ``content``
+key (mini-swe-agent); ``max_completion_tokens`` as well as ``max_tokens``; ``reasoning_content``/``reasoning`` on
 assistant messages. Images and audio parts are refused with a 400 (the engine is text-only).
 """
 

@@ -1,6 +1,6 @@
 """OpenAI Responses (``POST /v1/responses``): wire models, canonical mapping, the event stream.
 
-Quirks handled (harnesses.md §3.1, §5.1): Codex sends its system prompt as ``developer`` messages, replays
+Quirks handled (docs/harnesses.md, "Codex CLI"): Codex sends its system prompt as ``developer`` messages, replays
 ``function_call`` / ``function_call_output`` items carrying ``id`` fields, ``reasoning`` items, non-function tools
 (``namespace``, ``web_search``: dropped and noted), ``include``, ``store:false``, ``prompt_cache_key``. There is no
 server-side state: ``previous_response_id`` is refused with a 400 (``store`` is never honoured).

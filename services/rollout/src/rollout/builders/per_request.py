@@ -1,4 +1,4 @@
-"""``per_request``: one trace per model call (Polar's default, §3.2 of polar.md).
+"""``per_request``: one trace per model call (Polar's default; docs/polar-comparison.md, "Per-request traces").
 
 Every call becomes prompt (masked context) + its sampled completion (trainable, with its sampling logprobs and
 weight version). Nothing is merged, so a T-turn session yields T traces that each repeat the growing prefix: simple,

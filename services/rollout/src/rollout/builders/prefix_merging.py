@@ -1,6 +1,7 @@
 """``prefix_merging``: one trace per chain of calls linked by the token-prefix relation of their full prompts.
 
-Algorithm (Polar §3.3, with floe's re-chaining instead of truncation, polar.md §7.4):
+Algorithm (Polar §3.3, with floe's re-chaining instead of truncation; docs/polar-comparison.md, "Prefix merging"
+and "Re-chaining vs truncation"):
 
 1. Calls are taken in ``call_index`` order. A call *extends* an open chain when the chain's tip prompt (the full prompt
    of the chain's last call) is a proper token prefix of the call's prompt (an equal prompt is a retry: a sibling).
