@@ -32,10 +32,7 @@ class Flag:
     type: Callable[[str], Any] = str
     metavar: str | None = None
     to_env: Callable[[Any], str] = str
-
-
-def _json_list(values: list[str]) -> str:
-    return json.dumps(values)
+    many: bool = False  # may be given more than once; the values arrive as a list
 
 
 BROKER = Flag(
@@ -53,7 +50,7 @@ def http_flags(prefix: str, host_var: str = "HOST", port_var: str = "PORT") -> l
 
 def list_flag(name: str, env: str, help: str, metavar: str) -> Flag:
     """A flag given once or more whose variable holds a JSON list (pydantic-settings reads lists as JSON)."""
-    return Flag(name, env, help + " (repeat for several)", metavar=metavar, to_env=_json_list)
+    return Flag(name, env, help + " (repeat for several)", metavar=metavar, to_env=json.dumps, many=True)
 
 
 def parse_service_args(
@@ -72,14 +69,13 @@ def parse_service_args(
     dests: list[tuple[str, Flag]] = []
     for flag in flags:
         dest = flag.name.lstrip("-").replace("-", "_")
-        is_list = flag.to_env is _json_list
         parser.add_argument(
             flag.name,
             dest=dest,
             type=flag.type,
             metavar=flag.metavar,
             default=None,
-            action="append" if is_list else "store",
+            action="append" if flag.many else "store",
             help=f"{flag.help} (overrides {flag.env})",
         )
         dests.append((dest, flag))

@@ -26,6 +26,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from eventbus.errors import BrokerUnavailable
+from eventbus.settings import KafkaSettings
 
 __all__ = ["critical_failure", "critical_task", "serve"]
 
@@ -73,8 +74,6 @@ def serve(app: FastAPI, host: str, port: int, *, log_level: str = "warning") -> 
             try:
                 state = await stack.enter_async_context(inner(a))
             except BrokerUnavailable as exc:
-                from eventbus.settings import KafkaSettings
-
                 unreachable.append(str(exc))
                 log.error(
                     "cannot start: the Kafka broker is unreachable",

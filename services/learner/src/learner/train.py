@@ -276,7 +276,10 @@ class Learner:
         return StepResult(batch_id=batch_id, applied=True, version=self.version, metrics=metrics, advanced=True)
 
     def skip(self, batch_id: str, metrics: dict[str, float] | None = None) -> StepResult:
-        """Take ``batch_id`` without an update: ledger entry and a new version with the same weights. Every rank."""
+        """Take ``batch_id`` without an update: ledger entry and a new version with the same weights (none for a
+        batch already in the ledger). Every rank."""
+        if self.already_applied(batch_id):
+            return StepResult(batch_id=batch_id, applied=False, version=self.version)
         self.state.version += 1
         self.state.trained_batch = batch_id
         self.state.metrics = {**(metrics or {}), "batch_skipped": 1.0}
@@ -443,11 +446,8 @@ async def serve(
                 except BatchError as exc:
                     log.error("batch unreadable, dead-lettered", error=str(exc), offset=msg.offset)
                     await producer.send(DEAD_LETTER, _dead_letter(msg.topic, msg.partition, msg.offset, batch, exc))
-                    if learner.already_applied(batch.batch_id):
-                        result = StepResult(batch_id=batch.batch_id, applied=False, version=learner.version)
-                    else:
-                        broadcast_object(("skip", batch.batch_id), learner.info)
-                        result = learner.skip(batch.batch_id, {"batch_rejected": 1.0})
+                    broadcast_object(("skip", batch.batch_id), learner.info)
+                    result = learner.skip(batch.batch_id, {"batch_rejected": 1.0})
                 else:
                     broadcast_object(("batch", batch.batch_id, bytes(payload)), learner.info)
                     try:

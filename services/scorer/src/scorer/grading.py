@@ -99,11 +99,7 @@ def parse_log_pytest(log: str) -> dict[str, str]:
 
 
 def recorded_exit_code(log: str) -> int | None:
-    """The test command's exit code as the eval script recorded it (its last record), or None."""
-    return _exit_code(log)
-
-
-def _exit_code(log: str) -> int | None:
+    """The test command's exit code as the eval script recorded it, or None."""
     # The LAST record: test output printed by the diff's code comes before the script's own record, so taking
     # the first (as swebench does) would let a diff print a forged "exit code 0". Same verdict on honest logs.
     matches = _EXIT_CODE.findall(log)
@@ -121,7 +117,7 @@ def get_logs_eval(log: str) -> tuple[dict[str, str], bool, str]:
     status = parse_log_pytest(sliced) or parse_log_pytest(log)
     if not status and not _SUITE_RAN.search(log):
         return {}, False, "no test results in the log"
-    code = _exit_code(log)
+    code = recorded_exit_code(log)
     failing = (TestStatus.FAILED.value, TestStatus.ERROR.value)
     if code not in (None, 0) and status and not any(v in failing for v in status.values()):
         return {}, False, f"test exit code {code} but no failure reported (forged results)"
