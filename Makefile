@@ -65,8 +65,8 @@ test-fast: deps  ## the fast tests only (skips tests marked slow)
 test-vllm: deps model vllm  ## the real-engine tests alone (one vLLM server with the real model)
 	$(PY) -m pytest -m vllm $(PYTEST_ARGS)
 
-test-compose: deps test-deps kafka-jars  ## docker-compose.yml for real, alone (builds the images: ~10 min cold)
-	$(PY) -m pytest -m compose $(PYTEST_ARGS)
+test-compose: deps test-deps kafka-jars  ## docker-compose.yml and docker grading for real, alone (images: ~10 min cold)
+	$(PY) -m pytest -m "compose or docker" $(PYTEST_ARGS)
 
 test-unit: deps  ## unit tests only: no broker needed
 	$(PY) -m pytest -m "not integration and not slow" $(PYTEST_ARGS)

@@ -1,6 +1,7 @@
 """``docker compose up`` for real: the images build here; the cpu profile trains in containers and survives a crash.
 
-The test starts a Docker engine when none runs (deploy/docker/dockerd.sh, which restores ip_forward, iptables and
+The test starts a Docker engine when none runs (the ``docker_engine`` fixture of tests/e2e/conftest.py:
+deploy/docker/dockerd.sh, which restores ip_forward, iptables and
 docker0 when it stops it), builds every image the cpu profile uses from a local base (deploy/docker/compose-local.sh:
 no registry is reachable here), runs the profile under its own project name and host ports, and from outside the
 containers (the host venv's Kafka client on the broker's published HOST listener) checks that training happens:
@@ -15,13 +16,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -48,53 +48,6 @@ def _run(argv: list[str], env: dict[str, str], timeout: float, check: bool = Tru
             f"{' '.join(argv)} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
         )
     return proc
-
-
-def _host_network() -> dict[str, str]:
-    """What a Docker engine changes on the host (compared before and after the test)."""
-
-    def read(argv: list[str]) -> str:
-        try:
-            return subprocess.run(argv, capture_output=True, text=True, timeout=30).stdout
-        except FileNotFoundError:
-            return ""
-
-    return {
-        "ip_forward": Path("/proc/sys/net/ipv4/ip_forward").read_text().strip(),
-        "forward_policy": next(
-            (ln for ln in read(["iptables", "-S", "FORWARD"]).splitlines() if ln.startswith("-P")), ""
-        ),
-        "docker_chains": " ".join(sorted(ln for ln in read(["iptables", "-S"]).splitlines() if "DOCKER" in ln)),
-        "docker0": "yes"
-        if subprocess.run(["ip", "link", "show", "docker0"], capture_output=True).returncode == 0
-        else "no",
-    }
-
-
-def _engine_running() -> bool:
-    return subprocess.run(["docker", "version"], capture_output=True, timeout=30).returncode == 0
-
-
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    if shutil.which("docker") is None or (shutil.which("dockerd") is None and not _engine_running()):
-        pytest.fail("no Docker engine: `make test-deps` installs one (Debian: docker.io docker-compose debootstrap)")
-    before = _host_network()
-    started = not _engine_running()
-    state = tmp_path_factory.mktemp("dockerd")
-    env = {**os.environ, "FLOE_DOCKERD_STATE_DIR": str(state)}
-    try:
-        # Inside the try: a failed start may still leave an engine running, which the stop below removes.
-        _run(["bash", str(DOCKER / "dockerd.sh"), "start"], env, timeout=120)
-        yield env
-    finally:
-        _run(["bash", str(DOCKER / "dockerd.sh"), "stop"], env, timeout=180)
-        if started:
-            # The machine is left as it was found: no engine, no bridge, forwarding and firewall as before.
-            assert not _engine_running(), "dockerd still answers after stop"
-            leftover = subprocess.run(["pgrep", "-f", "dockerd|containerd-shim"], capture_output=True, text=True)
-            assert leftover.stdout.strip() == "", f"engine processes left: {leftover.stdout}"
-            assert _host_network() == before
 
 
 class Stack:
@@ -156,8 +109,8 @@ class Stack:
         return self.compose("logs", "--no-color", "--tail", "60", timeout=120, check=False).stdout
 
 
-def test_compose_cpu_profile_trains_and_survives_a_crash(engine: dict[str, str]) -> None:
-    stack = Stack(engine)
+def test_compose_cpu_profile_trains_and_survives_a_crash(docker_engine: dict[str, str]) -> None:
+    stack = Stack(docker_engine)
     t = time.monotonic()
     stack.compose("build", timeout=BUILD_TIMEOUT_S)
     stack.say(f"images built in {time.monotonic() - t:.0f}s")

@@ -58,7 +58,9 @@ def test_docker_argv_for_official_images() -> None:
     image = sb.image_for("astropy__astropy-12907")
     assert image == "swebench/sweb.eval.x86_64.astropy_1776_astropy-12907:latest"
     argv = sb.argv(Job(input_dir=Path("/var/tmp/in"), limits=Limits(nproc=64), image=image, name="astropy-1"))
-    assert argv[:3] == ["docker", "run", "--rm"]
+    # No --rm: the container is inspected (was it OOM-killed?) and then removed by name, also after a timeout.
+    assert argv[:2] == ["docker", "run"] and "--rm" not in argv
+    assert argv[argv.index("--name") + 1].startswith("floe-grade-astropy-1")
     assert argv[argv.index("--network") + 1] == "none"
     assert argv[argv.index("--pids-limit") + 1] == "64"
     assert "/var/tmp/in:/floe:ro" in argv
@@ -66,21 +68,27 @@ def test_docker_argv_for_official_images() -> None:
 
 
 def test_docker_grader_writes_conda_script_and_uses_the_instance_image(tmp_path: Path) -> None:
-    # A docker binary that records its argv and prints what the script would: the argv and job input are ours.
+    # A docker binary that records its calls and prints what the script would: the argv and job input are ours.
+    # (tests/e2e/test_docker_grading.py grades with the real engine.)
     from contracts import Outcome
     from scorer.grader import Grader
 
     fake = tmp_path / "docker"
     record = tmp_path / "argv.txt"
     fake.write_text(
-        f'#!/bin/sh\necho "$@" > {record}\ncat "$(echo "$@" | sed "s/.* -v \\([^:]*\\):.*/\\1/")/eval.sh"\n'
+        f'#!/bin/sh\necho "$@" >> {record}\n[ "$1" = run ] || exit 0\n'
+        f'cat "$(echo "$@" | sed "s/.* -v \\([^:]*\\):.*/\\1/")/eval.sh"\n'
     )
     fake.chmod(0o755)
     grader = Grader(DockerSandbox(docker=str(fake)), None, tmp_path / "work", Limits(wall_s=10))
     task = TaskSet.bundled().get("floe__seqtools-1")
     res = grader.grade(task, task.patch)
-    argv = record.read_text()
+    calls = record.read_text().splitlines()
+    assert calls[0] == "image inspect swebench/sweb.eval.x86_64.floe_1776_seqtools-1:latest"
+    argv = next(c for c in calls if c.startswith("run "))
     assert "swebench/sweb.eval.x86_64.floe_1776_seqtools-1:latest /floe/eval.sh" in argv
+    container = argv.split("--name ")[1].split()[0]
+    assert calls[-1] == f"rm -f {container}"
     assert "--network none" in argv
     # the script was printed, not run: the sandbox-up marker echo is there but no test ran
     assert "conda activate testbed" in res.log_tail

@@ -68,6 +68,12 @@ def main(argv: list[str] | None = None) -> int:
             Flag("--task-source", "FLOE_SCORER_TASK_SOURCE", "'bundled' or a SWE-bench JSONL file", metavar="SOURCE"),
             Flag("--workers", "FLOE_SCORER_WORKERS", "concurrent graders", type=int, metavar="N"),
             Flag("--backend", "FLOE_SCORER_BACKEND", "sandbox: bwrap, docker or bare", metavar="NAME"),
+            Flag(
+                "--docker-namespace",
+                "FLOE_SCORER_DOCKER_NAMESPACE",
+                "docker backend's images: swebench (official) or floe (floe score images)",
+                metavar="NS",
+            ),
         ],
         argv,
     )

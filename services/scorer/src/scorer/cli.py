@@ -3,6 +3,8 @@
 Also ``--probe`` (report the isolation level that works here). Settings come from ``FLOE_SCORER_*``; ``--backend``
 and ``--timeout`` override them. Exit status: 0 resolved, 1 unresolved, 2 error or bad usage.
 
+``floe score images``: build the docker backend's per-instance images here (``scorer.images``).
+
 ``floe score validate``: check a task set, each task by its evaluator: its data first, then (unless ``--no-grade``)
 the evaluator's gold / empty / test-patch-only diffs graded in the sandbox. Exit status: 0 valid, 1 a task failed,
 2 error. ``floe tasks validate`` is the same command (an alias of the ``floe`` CLI).
@@ -20,7 +22,9 @@ from contracts import Outcome
 from floe_tasks import TaskError
 from scorer.errors import ScorerError
 from scorer.factory import load_taskset, make_grader
+from scorer.images import DEFAULT_BASE, build_images
 from scorer.settings import ScorerSettings
+from scorer.testenv import build_testenv
 from scorer.validation import task_problems, validate_taskset
 
 __all__ = ["main"]
@@ -31,10 +35,12 @@ def main(argv: list[str] | None = None) -> int:
     # A subcommand in front of the grade options, so that `floe score --task … --diff …` keeps its spelling.
     if argv[:1] == ["validate"]:
         return _validate(argv[1:])
+    if argv[:1] == ["images"]:
+        return _images(argv[1:])
     parser = argparse.ArgumentParser(
         prog="floe score",
         description="grade one diff against one task",
-        epilog="floe score validate --help: validate a task set",
+        epilog="floe score validate --help: validate a task set; floe score images --help: build docker images",
     )
     parser.add_argument("--task", help="instance id")
     parser.add_argument("--diff", help="diff file ('-' for stdin)")
@@ -46,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
         help="'bundled' or a SWE-bench JSONL (default: settings)",
     )
     parser.add_argument("--backend", choices=["bwrap", "docker", "bare"], default=None)
+    parser.add_argument(
+        "--docker-namespace", default=None, help="docker backend: 'swebench' (official images) or 'floe' (built here)"
+    )
     parser.add_argument("--timeout", type=float, default=None, help="wall-clock seconds per instance")
     parser.add_argument("--json", action="store_true", help="print the full report as JSON")
     parser.add_argument("--log", action="store_true", help="also print the tail of the eval log")
@@ -56,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
         overrides["backend"] = args.backend
     if args.timeout:
         overrides["timeout_s"] = args.timeout
+    if args.docker_namespace:
+        overrides["docker_namespace"] = args.docker_namespace
     try:
         settings = ScorerSettings(**overrides)  # type: ignore[arg-type]
         if args.probe:
@@ -64,7 +75,10 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if not args.task or not args.diff:
             parser.error("--task and --diff are required (or --probe)")
-        diff = sys.stdin.read() if args.diff == "-" else Path(args.diff).read_text(errors="replace")
+        raw = sys.stdin.buffer.read() if args.diff == "-" else Path(args.diff).read_bytes()
+        # A diff is bytes: a hunk of a file that is not UTF-8 must reach ``git apply`` unchanged. surrogateescape
+        # keeps each undecodable byte as a lone surrogate that ``Grader`` writes back as that byte.
+        diff = raw.decode("utf-8", errors="surrogateescape")
         task = load_taskset(args.source or settings.task_source).get(args.task)
         grader, _ = make_grader(settings)
     except (TaskError, ScorerError, OSError) as exc:
@@ -134,6 +148,37 @@ def _validate(argv: list[str]) -> int:
         )
     print(f"graded {len(rows)} tasks in {time.monotonic() - t0:.1f}s (isolation {probe.level}): {len(bad)} failing")
     return 1 if bad else 0
+
+
+def _images(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="floe score images",
+        description="build the docker backend's images (SWE-bench's layout: an environment image, then one image"
+        " per instance with the repository at base_commit in /testbed), skipping those already up to date",
+    )
+    parser.add_argument("--task-source", "--source", dest="source", default=None, help="'bundled' or a SWE-bench file")
+    parser.add_argument("--instance", action="append", default=[], help="only this instance (repeatable)")
+    parser.add_argument("--namespace", default="floe", help="image namespace (grade with --docker-namespace NS)")
+    parser.add_argument("--base", default=DEFAULT_BASE, help="base image with Python (deploy/docker/base-image.sh)")
+    args = parser.parse_args(argv)
+    t0 = time.monotonic()
+    try:
+        settings = ScorerSettings()
+        ts = load_taskset(args.source or settings.task_source)
+        tasks = [ts.get(i) for i in args.instance] if args.instance else [t for t in ts if t.base_commit]
+        settings.work_dir.mkdir(parents=True, exist_ok=True)
+        testenv = build_testenv(settings.work_dir, settings.test_python)
+        built = build_images(tasks, testenv, namespace=args.namespace, base=args.base)
+    except (TaskError, ScorerError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for iid, image in built.items():
+        print(f"{iid}: {image}")
+    print(
+        f"{len(built)} images ready in {time.monotonic() - t0:.1f}s; grade with"
+        f" --backend docker --docker-namespace {args.namespace}"
+    )
+    return 0
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ import structlog
 from floe_tasks import TaskSet
 from scorer.errors import IsolationUnavailable
 from scorer.grader import Grader
-from scorer.sandbox import BareSandbox, BwrapSandbox, DockerSandbox, ProbeResult, Sandbox, probe_bwrap
+from scorer.sandbox import BareSandbox, BwrapSandbox, DockerSandbox, ProbeResult, Sandbox, probe_bwrap, probe_docker
 from scorer.settings import ScorerSettings
 from scorer.testenv import build_testenv
 
@@ -24,8 +24,10 @@ def make_grader(settings: ScorerSettings) -> tuple[Grader, ProbeResult]:
     settings.work_dir.mkdir(parents=True, exist_ok=True)
     settings.work_dir.chmod(0o755)
     if settings.backend == "docker":
-        probe = ProbeResult("docker", {"docker": True}, "official SWE-bench images")
-        sandbox: Sandbox = DockerSandbox()
+        probe = probe_docker()
+        if probe.level != "docker":
+            raise IsolationUnavailable(f"docker backend: {probe.detail}")
+        sandbox: Sandbox = DockerSandbox(namespace=settings.docker_namespace)
         testenv = None
     else:
         testenv = build_testenv(settings.work_dir, settings.test_python)

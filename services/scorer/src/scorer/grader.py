@@ -30,7 +30,11 @@ __all__ = ["Grader"]
 
 log = structlog.get_logger()
 
-CONDA_PREAMBLE = "source /opt/miniconda3/bin/activate && conda activate testbed"
+# Official SWE-bench images keep the repo's environment in the conda env ``testbed``; images built by
+# ``scorer.images`` have none (their Python is the image's own), so the activation is conditional.
+CONDA_PREAMBLE = (
+    "if [ -f /opt/miniconda3/bin/activate ]; then source /opt/miniconda3/bin/activate && conda activate testbed; fi"
+)
 
 
 class Grader:
@@ -80,8 +84,10 @@ class Grader:
 
     def _prepare_input(self, task: Task, diff: str, apply_patch: bool, inp: Path) -> None:
         inp.chmod(0o755)
-        (inp / "model.patch").write_text(diff if diff.endswith("\n") or not diff else diff + "\n")
-        # Official SWE-bench images keep the repo at /testbed inside the conda env ``testbed``.
+        text = diff if diff.endswith("\n") or not diff else diff + "\n"
+        # surrogateescape: the bytes of a diff read with it (``floe score --diff``) come back exactly; a diff off
+        # the wire is valid UTF-8 already (the session runner ships non-UTF-8 files as git binary hunks).
+        (inp / "model.patch").write_bytes(text.encode("utf-8", errors="surrogateescape"))
         preamble = CONDA_PREAMBLE if self.sandbox.name == "docker" else ""
         script = build_eval_script(
             task, apply_patch=apply_patch, protect_test_infra=self.protect_test_infra, conda_preamble=preamble

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -37,6 +38,7 @@ import structlog
 
 import sandbox
 from sandbox import Bind, Capture, Keep, Mount, SandboxError, SandboxSpec, Tmpfs, UidPool, run_sync
+from scorer.images import image_name
 
 __all__ = [
     "BareSandbox",
@@ -48,6 +50,7 @@ __all__ = [
     "ProbeResult",
     "Sandbox",
     "probe_bwrap",
+    "probe_docker",
 ]
 
 log = structlog.get_logger()
@@ -253,10 +256,15 @@ class BareSandbox:
 
 
 class DockerSandbox:
-    """Official SWE-bench instance images (``swebench/sweb.eval.x86_64.<id with __ -> _1776_>:latest``).
+    """SWE-bench instance images: ``<namespace>/sweb.eval.x86_64.<id with __ -> _1776_>:latest``.
 
-    The eval script activates the image's ``testbed`` conda env and uses its ``/testbed`` (no ``src/`` input).
-    Only the argv is tested on machines without Docker.
+    ``namespace="swebench"`` names the official images (the eval script activates their ``testbed`` conda env);
+    ``namespace="floe"`` the ones ``scorer.images`` builds here from a local base. Either way the repository is the
+    image's ``/testbed`` (no ``src/`` input) and the job's input directory is mounted read-only at ``/floe``.
+
+    The container is named per job and removed after it, whatever happened: the ``docker run`` client is only a
+    viewer, so the wall-clock limit kills the *container* (``docker rm -f``), not just the client. Before removal its
+    state says whether the memory cgroup killed it (``OOMKilled``), which the output then names.
     """
 
     name = "docker"
@@ -267,32 +275,44 @@ class DockerSandbox:
         self.namespace = namespace
 
     def image_for(self, instance_id: str) -> str:
-        return f"{self.namespace}/sweb.eval.x86_64.{instance_id.replace('__', '_1776_')}:latest".lower()
+        return image_name(self.namespace, instance_id)
 
-    def argv(self, job: Job) -> list[str]:
+    def argv(self, job: Job, container: str | None = None) -> list[str]:
         lim = job.limits
+        env = [
+            x
+            for key in ("TZ", "LANG", "PYTHONHASHSEED", "PYTHONDONTWRITEBYTECODE")
+            for x in ("-e", f"{key}={JOB_ENV[key]}")
+        ]
         return [
             self.docker,
             "run",
-            "--rm",
             "--name",
-            f"sweb.eval.{job.name}",
+            container or f"floe-grade-{_container_safe(job.name)}",
+            "--label",
+            "floe.grading=1",
             "--network",
             "none",
             "--memory",
             str(lim.address_space_bytes),
+            # the same value: no swap on top of the memory limit
+            "--memory-swap",
+            str(lim.address_space_bytes),
             "--pids-limit",
             str(lim.nproc),
             "--ulimit",
-            f"cpu={lim.cpu_s}",
+            f"cpu={lim.cpu_s}:{lim.cpu_s + 1}",
             "--ulimit",
             f"fsize={lim.fsize_bytes}",
             "--ulimit",
             f"nofile={lim.nofile}",
+            "--ulimit",
+            "core=0",
             "--security-opt",
             "no-new-privileges",
             "--cap-drop",
             "ALL",
+            *env,
             "-e",
             "FLOE_IN=/floe",
             "-e",
@@ -316,8 +336,47 @@ class DockerSandbox:
                 duration_s=0.0,
                 isolation=self.isolation,
             )
+        if (
+            job.image
+            and subprocess.run(
+                [self.docker, "image", "inspect", job.image], capture_output=True, check=False
+            ).returncode
+        ):
+            # Without this the engine would try a pull and fail with "pull access denied": say what to do instead.
+            return ExecResult(
+                output=f"image {job.image} is not on this docker engine: build it (floe score images --task-source"
+                " SOURCE) or pull the official one",
+                returncode=None,
+                timed_out=False,
+                duration_s=0.0,
+                isolation=self.isolation,
+            )
+        container = f"floe-grade-{_container_safe(job.name)}-{secrets.token_hex(4)}"
         with tempfile.TemporaryDirectory(prefix="floe-docker-") as tmp:
-            return _execute(self.argv(job), job.limits, Path(tmp), self.isolation, env=dict(os.environ))
+            try:
+                res = _execute(self.argv(job, container), job.limits, Path(tmp), self.isolation, env=dict(os.environ))
+            finally:
+                oom = self._remove(container)
+        if oom:
+            res.output += (
+                f"\n>>>>> floe: killed by the memory limit (docker --memory {job.limits.address_space_bytes})\n"
+            )
+        return res
+
+    def _remove(self, container: str) -> bool:
+        """Remove the job's container (killing it if it still runs); whether the memory cgroup had killed it."""
+        inspect = subprocess.run(
+            [self.docker, "inspect", "--format", "{{.State.OOMKilled}}", container],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        subprocess.run([self.docker, "rm", "-f", container], capture_output=True, check=False)
+        return inspect.stdout.strip() == "true"
+
+
+def _container_safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "_.-" else "-" for c in name)[:80]
 
 
 @dataclass(frozen=True)
@@ -334,6 +393,21 @@ if ( exec 3<>/dev/tcp/192.0.2.1/80 ) 2>/dev/null; then echo net_reachable; fi
 if [ -e /root ] && ls /root >/dev/null 2>&1; then echo root_home_visible; fi
 echo probe_done
 """
+
+
+def probe_docker(docker: str = "docker") -> ProbeResult:
+    """Whether a docker engine answers (the docker backend isolates with its containers; nothing else to probe)."""
+    if shutil.which(docker) is None:
+        return ProbeResult("C", {"docker_installed": False}, f"docker binary {docker!r} not found")
+    res = subprocess.run(
+        [docker, "version", "--format", "{{.Server.Version}}"], capture_output=True, text=True, check=False
+    )
+    if res.returncode != 0:
+        detail = (res.stderr.strip().splitlines() or ["no answer"])[-1]
+        return ProbeResult(
+            "C", {"docker_installed": True, "engine": False}, f"the docker engine does not answer: {detail}"
+        )
+    return ProbeResult("docker", {"docker_installed": True, "engine": True}, f"docker engine {res.stdout.strip()}")
 
 
 def probe_bwrap(sandbox: BwrapSandbox, work_dir: Path) -> ProbeResult:

@@ -17,6 +17,10 @@ class ScorerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="FLOE_SCORER_", extra="forbid")
 
     backend: Literal["bwrap", "docker", "bare"] = "bwrap"
+    docker_namespace: str = Field(
+        default="swebench",
+        description="docker backend: the images' namespace, 'swebench' (official) or 'floe' (`floe score images`)",
+    )
     allow_unsandboxed: bool = Field(
         default=False, description="run untrusted diffs without isolation when bwrap does not work (level C)"
     )

@@ -40,7 +40,7 @@ def _is_test_path(path: str) -> bool:
 class SwebenchEvaluator:
     def grade(self, task: Task, diff: str, runner: EvalRunner, *, run_empty: bool = False) -> GradeResult:
         iid = task.instance_id
-        size = len(diff.encode("utf-8", errors="replace"))
+        size = len(diff.encode("utf-8", errors="surrogateescape"))
         if size > runner.max_diff_bytes:
             return GradeResult(iid, Outcome.UNRESOLVED, 0.0, False, f"diff too large ({size} bytes)", "rejected")
         empty = not diff.strip()
