@@ -98,10 +98,13 @@ def topics(topic_factory: Callable[[Topic[Any]], Topic[Any]]) -> tuple[Topic[Any
     )
 
 
-@pytest.fixture
-def server(kafka_settings: KafkaSettings, topics: tuple[Topic[Any], ...]) -> Iterator[str]:
+# Either client reads the same run: the wire contract, not the library, is what the services share.
+@pytest.fixture(params=["aiokafka", "confluent"])
+def server(
+    request: pytest.FixtureRequest, kafka_settings: KafkaSettings, topics: tuple[Topic[Any], ...]
+) -> Iterator[str]:
     port = _free_port()
-    app = create_app(DashboardSettings(port=port), kafka_settings, topics)
+    app = create_app(DashboardSettings(port=port, kafka_client=request.param), kafka_settings, topics)
     srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()

@@ -31,6 +31,7 @@ from contracts import (
 from dashboard.settings import DashboardSettings
 from dashboard.state import DashboardState
 from eventbus import Consumer, KafkaSettings
+from eventbus.aio_consumer import AioConsumer
 
 __all__ = ["DEFAULT_TOPICS", "create_app"]
 
@@ -47,10 +48,17 @@ DEFAULT_TOPICS: tuple[Topic[Any], ...] = (
 )
 
 
-async def _follow(kafka: KafkaSettings, topics: tuple[Topic[Any], ...], group: str, state: DashboardState) -> None:
+async def _follow(
+    kafka: KafkaSettings, topics: tuple[Topic[Any], ...], group: str, state: DashboardState, client: str
+) -> None:
     while True:
         try:
-            async with Consumer(kafka, list(topics), group_id=group) as consumer:
+            consumer: Consumer[Any] | AioConsumer[Any] = (
+                AioConsumer(kafka, list(topics), group_id=group)
+                if client == "aiokafka"
+                else Consumer(kafka, list(topics), group_id=group)
+            )
+            async with consumer:
                 async for msg in consumer:
                     state.apply(msg.event)
         except asyncio.CancelledError:
@@ -69,7 +77,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         group = f"{settings.group_prefix}-{secrets.token_hex(4)}"
-        task = asyncio.create_task(_follow(kafka, topics, group, state))
+        task = asyncio.create_task(_follow(kafka, topics, group, state, settings.kafka_client))
         try:
             yield
         finally:

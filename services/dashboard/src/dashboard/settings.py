@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = ["DashboardSettings"]
@@ -16,3 +19,8 @@ class DashboardSettings(BaseSettings):
     # time and rebuilds the whole view; it never commits offsets that another service relies on.
     group_prefix: str = "floe-dashboard"
     max_sessions: int = 200
+    # Which Kafka client follows the topics: the wire contract, not the library, is what services share
+    # (docs/kafka.md). aiokafka by default: asyncio-native, no librdkafka thread; confluent for comparison.
+    kafka_client: Literal["aiokafka", "confluent"] = Field(
+        default="aiokafka", description="the consumer's client library: aiokafka or confluent (librdkafka)"
+    )
