@@ -21,6 +21,9 @@ call) and graded exactly (1 when the reply's first number is the answer, else 0;
 ``--model tiny`` is the old fast run (a random 0.2M-parameter model, one-digit sums with partial credit for digits: it
 learns the format in minutes, nothing that depends on the prompt). ``--workload swe --harness pi`` runs the bundled
 SWE tasks with a real harness: the pipeline runs end to end; neither model is expected to learn to fix bugs.
+``--tasks FILE`` trains on a task set of your own instead of the workload's (a SWE-bench JSONL or Parquet file with
+its ``repos/`` folder: docs/bring-your-own-swe-tasks.md); it gets no held-out eval unless ``--eval-tasks FILE`` names
+one. Both are loaded before anything starts, so a file that does not load fails the demo at once.
 
 The demo itself only watches the topics (its own consumer group): per training step it prints one status line; at
 the end it writes ``<run>/report/`` (solve-rate PNG, config, summary) and stops everything it started.
@@ -127,14 +130,22 @@ class DemoConfig:
     seed: int = 0
     dashboard: bool = True
     run_dir: Path = field(default_factory=lambda: Path("."))
+    # A task set of the user's own (a shipped set's name or a task file; ``for_model`` makes a path absolute) in
+    # place of the workload's, and its held-out set. A user's set has no held-out set unless ``eval_tasks`` is given.
+    tasks: str | None = None
+    eval_tasks: str | None = None
 
     @property
     def task_source(self) -> str:
-        return WORKLOADS[self.workload][0]
+        return self.tasks or WORKLOADS[self.workload][0]
 
     @property
     def eval_source(self) -> str | None:
-        return WORKLOADS[self.workload][1] if self.eval_every > 0 else None
+        if self.eval_every <= 0:
+            return None
+        if self.eval_tasks is not None or self.tasks is not None:
+            return self.eval_tasks
+        return WORKLOADS[self.workload][1]
 
     @property
     def eval_rounds(self) -> int:
@@ -158,10 +169,39 @@ class DemoConfig:
             "group_selection": preset.group_selection,
         }
         base.update({k: v for k, v in overrides.items() if v is not None})
+        for key in ("tasks", "eval_tasks"):
+            if base.get(key) is not None:
+                base[key] = task_source_of(base[key])
         cfg = cls(**base)
+        if cfg.eval_tasks is not None and cfg.eval_every <= 0:
+            raise ValueError("--eval-tasks needs --eval-every N (N > 0): held-out rounds every N steps")
         if cfg.eval_source is not None and cfg.steps % cfg.eval_every:
             raise ValueError(f"--steps ({cfg.steps}) must be a multiple of --eval-every ({cfg.eval_every})")
         return cfg
+
+
+def task_source_of(name_or_path: str) -> str:
+    """A shipped set's name as it is, a path made absolute: the rollout, the session runner and the scorer each
+    resolve the ``task_source`` they are sent in their own process and working directory."""
+    from floe_tasks import NAMED_SETS
+
+    return name_or_path if name_or_path in NAMED_SETS else str(Path(name_or_path).resolve())
+
+
+def check_task_sources(cfg: DemoConfig) -> None:
+    """Load the training and held-out sets as the services will, and require a snapshot for every task that names a
+    base commit: raises the loader's ``TaskError`` (or ``ValueError`` for an empty set) before anything starts,
+    rather than after the broker and six services are up and every session has failed the same way."""
+    from floe_tasks import TaskSet
+
+    for source in (cfg.task_source, cfg.eval_source):
+        if source is None:
+            continue
+        taskset = TaskSet.from_source(source)
+        if not len(taskset):
+            raise ValueError(f"task set {source} holds no tasks")
+        for task in taskset:
+            task.require_snapshot()
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -181,9 +221,22 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         choices=sorted(WORKLOADS),
         default=None,
         help="count: next/previous number, exact reward, held-out eval (smollm2's default); toy: one-digit sums with "
-        "digit credit (tiny's default); swe: bundled SWE tasks with a real harness",
+        "digit credit (tiny's default); swe: bundled SWE tasks (or --tasks FILE) with a real harness",
     )
     p.add_argument("--harness", default=None, help="harness preset (default: toy-stdlib, or pi for swe)")
+    p.add_argument(
+        "--tasks",
+        default=None,
+        metavar="FILE",
+        help="train on this task set instead of the workload's: a SWE-bench JSONL or Parquet file, its snapshots in "
+        "repos/ next to it (docs/bring-your-own-swe-tasks.md); no held-out eval unless --eval-tasks",
+    )
+    p.add_argument(
+        "--eval-tasks",
+        default=None,
+        metavar="FILE",
+        help="held-out set (same formats) run as eval sessions every --eval-every steps, never trained on",
+    )
     p.add_argument("--group-size", type=int, default=None, help="sessions per GRPO group (G)")
     p.add_argument("--groups-per-step", type=int, default=None)
     p.add_argument("--lr", type=float, default=None, help="learner learning rate")
@@ -229,12 +282,21 @@ def run(args: argparse.Namespace) -> int:
             timeout_s=args.timeout,
             threads=args.threads,
             seed=args.seed,
+            tasks=args.tasks,
+            eval_tasks=args.eval_tasks,
             dashboard=not args.no_dashboard,
             run_dir=Path(args.run_dir).resolve()
             if args.run_dir
             else state_home(args.state_dir) / "runs" / time.strftime("%Y%m%d-%H%M%S"),
         )
     except ValueError as exc:
+        print(f"floe demo: {exc}", file=sys.stderr)
+        return 2
+    from floe_tasks import TaskError
+
+    try:
+        check_task_sources(cfg)
+    except (TaskError, ValueError) as exc:
         print(f"floe demo: {exc}", file=sys.stderr)
         return 2
     try:
@@ -258,6 +320,7 @@ class Demo:
         self.stack: Stack | None = None
         self.model_dir = self.run_dir / "model"
         self.started = time.monotonic()
+        self.sessions: _Sessions | None = None  # what ``watch`` saw: requests and rewards by session
         # Sandboxed harnesses and graders run as unprivileged uids that must traverse their work directories, and a
         # run directory may sit under a private (0700) parent such as pytest's tmp_path: keep those two elsewhere.
         self.sandbox_root = (
@@ -335,10 +398,13 @@ class Demo:
         agnostic = prompt_agnostic_best(eval_answers(self.cfg))
         out = write_report(self.run_dir / "report", steps, self.config_dict(), rounds, agnostic)
         summary = summarize(steps, rounds, agnostic)
+        by_task = self.write_task_report(out)
+        self.say(f"graded {sum(r['sessions'] for r in by_task.values())} sessions of {len(by_task)} tasks")
         if rounds:
+            baseline = "" if agnostic is None else f" (a prompt-agnostic answer reaches at most {agnostic})"
             self.say(
                 f"done: held-out solve rate {summary['eval_solve_rate_before']} -> {summary['eval_solve_rate_after']}"
-                f" over {summary['steps']} steps (a prompt-agnostic answer reaches at most {agnostic})"
+                f" over {summary['steps']} steps{baseline}"
             )
         else:
             self.say(
@@ -351,6 +417,14 @@ class Demo:
 
     def config_dict(self) -> dict[str, Any]:
         return {**asdict(self.cfg), "run_dir": str(self.run_dir), "ports": self.ports}
+
+    def write_task_report(self, out: Path) -> dict[str, dict[str, int]]:
+        """``<report>/tasks.json``: graded sessions per task of the sets the run used, so a user's own set can be
+        read task by task (which tasks any session solved, which only errored)."""
+        by_task = self.sessions.by_task() if self.sessions is not None else {}
+        doc = {"task_source": self.cfg.task_source, "eval_source": self.cfg.eval_source, "tasks": by_task}
+        (out / "tasks.json").write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+        return by_task
 
     # ------------------------------------------------------------------------------------------------- setup
 
@@ -557,7 +631,7 @@ class Demo:
         cfg = self.cfg
         batches: dict[str, dict[str, float]] = {}  # batch id -> stats, until the learner publishes its version
         steps: list[StepRecord] = []
-        seen = _Sessions(self.eval_tasks() * cfg.eval_samples)
+        seen = self.sessions = _Sessions(self.eval_tasks() * cfg.eval_samples)
         reported: set[int] = set()
         skipped = 0
         deadline = time.monotonic() + cfg.timeout_s
@@ -611,15 +685,22 @@ class Demo:
         return steps, seen.complete_rounds()
 
     def eval_tasks(self) -> int:
-        return len(eval_answers(self.cfg))
+        if self.cfg.eval_source is None:
+            return 0
+        from floe_tasks import TaskSet
+
+        return len(TaskSet.from_source(self.cfg.eval_source))
 
 
 def eval_answers(cfg: DemoConfig) -> list[str]:
+    """The held-out set's answers, for the prompt-agnostic baseline; empty unless every task has one (a code task's
+    solution is a diff, and no constant reply solves it)."""
     if cfg.eval_source is None:
         return []
     from floe_tasks import TaskSet
 
-    return [t.answer or "" for t in TaskSet.from_source(cfg.eval_source)]
+    answers = [t.answer for t in TaskSet.from_source(cfg.eval_source)]
+    return [a for a in answers if a is not None] if None not in answers else []
 
 
 class _Sessions:
@@ -638,6 +719,19 @@ class _Sessions:
         return [
             (req, self.rewards[sid]) for sid, req in self.requests.items() if req.kind is kind and sid in self.rewards
         ]
+
+    def by_task(self) -> dict[str, dict[str, int]]:
+        """Graded sessions per task id, train and eval together: sessions, resolved, errors (masked in training)."""
+        out: dict[str, dict[str, int]] = {}
+        for sid, rew in self.rewards.items():
+            req = self.requests.get(sid)
+            if req is None:
+                continue
+            row = out.setdefault(req.task_id, {"sessions": 0, "resolved": 0, "errors": 0})
+            row["sessions"] += 1
+            row["resolved"] += int(rew.resolved)
+            row["errors"] += int(rew.outcome is Outcome.ERROR)
+        return dict(sorted(out.items()))
 
     def train_solve_rate(self, rollout_step: int) -> tuple[float | None, int]:
         """Solved fraction of every graded train session requested for this rollout step, dropped groups included

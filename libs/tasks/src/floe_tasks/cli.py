@@ -44,7 +44,11 @@ def main(argv: list[str] | None = None) -> int:
         epilog="validate one: floe score validate (or floe tasks validate)",
     )
     parser.add_argument(
-        "--task-source", "--source", dest="source", default="bundled", help="'bundled', 'toy' or a SWE-bench JSONL path"
+        "--task-source",
+        "--source",
+        dest="source",
+        default="bundled",
+        help="'bundled', 'toy' or a SWE-bench JSONL or Parquet path",
     )
     # The same flag after the subcommand too (`floe tasks list --task-source toy`); SUPPRESS keeps the top-level value
     # unless it is given there.

@@ -1,21 +1,25 @@
 """One task instance: the SWE-bench instance fields plus floe's own, and how to materialize its repository.
 
-A ``Task`` is a frozen pydantic model. It accepts SWE-bench JSONL rows as they are published (FAIL_TO_PASS and
-PASS_TO_PASS as JSON-encoded strings or as lists; unknown extra columns are ignored). Where the repository snapshot
-lives is not part of the instance: the loading ``TaskSet`` attaches it (a git bundle), so ``materialize`` works for
-bundled tasks and for any JSONL that sits next to a ``repos/`` folder of bundles.
+A ``Task`` is a frozen pydantic model. It accepts SWE-bench rows as they are published (FAIL_TO_PASS and
+PASS_TO_PASS as JSON-encoded strings or as lists; a string that is not a JSON list of strings is an error; a numeric
+``version`` is kept as its text and a timestamp ``created_at`` as ISO text; unknown extra columns are ignored). Where
+the repository snapshot lives is not part of the instance: the loading ``TaskSet`` attaches it (a git bundle), so
+``materialize`` works for bundled tasks and for any JSONL or Parquet file that sits next to a ``repos/`` folder of
+bundles.
 
 ``evaluator`` names the scorer evaluator that grades the task (``swebench`` by default; the demo's toy tasks use
 ``answer``). This library only carries the name and the fields evaluators read (``answer``, ``answer_credit``,
 ``test_cmd``, ``prepare``, ...): what they mean, and which are required, is the evaluator's (``scorer.evaluators``,
 checked by ``floe score validate``).
 
-Limits: ``materialize`` needs ``git`` on PATH. The materialized tree holds only the base commit (the bundle never
-contains the fix), so the agent cannot find the gold patch or the hidden tests in its history.
+Limits: ``materialize`` needs ``git`` on PATH. The materialized tree names only the base commit (a detached HEAD; no
+branch, tag or reflog entry), so ``git log --all`` shows no commit past it. Objects the bundle holds beyond the base
+stay in the tree's pack, unnamed: a bundle must not contain the fix (floe's bundles hold the base commit only).
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import re
 import shutil
@@ -57,6 +61,26 @@ def _git(args: list[str], cwd: Path | None = None) -> str:
     return proc.stdout
 
 
+def _forget_other_commits(tree: Path) -> None:
+    """Leave HEAD (detached at the base commit) as the only way to name a commit. A bundle made with ``--all`` from a
+    repository that also holds the fix would otherwise show it to the agent: clone makes a local branch of the
+    bundle's HEAD, tags point past the base, and the reflog records the branch tip. Their objects stay in the pack
+    (``git fsck --unreachable`` can still find them), which is why a snapshot should hold only the base's history."""
+    refs = _git(["for-each-ref", "--format=%(refname)"], cwd=tree).split()
+    if refs:
+        proc = subprocess.run(
+            ["git", "update-ref", "--stdin"],
+            cwd=tree,
+            input="".join(f"delete {ref}\n" for ref in refs),
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if proc.returncode != 0:
+            raise MaterializeError(f"git update-ref failed: {proc.stderr.strip()[-500:]}")
+    _git(["reflog", "expire", "--expire=now", "--all"], cwd=tree)
+
+
 class Task(BaseModel):
     """One SWE-bench-format instance (+ floe fields). Producer: task-set authors. Consumers: scorer, session runner."""
 
@@ -90,9 +114,35 @@ class Task(BaseModel):
     @field_validator("FAIL_TO_PASS", "PASS_TO_PASS", mode="before")
     @classmethod
     def _json_list(cls, value: Any) -> Any:
-        # Published SWE-bench rows carry these as JSON-encoded strings.
-        if isinstance(value, str):
-            return json.loads(value) if value.strip() else []
+        # Published SWE-bench rows (the hub's JSONL and Parquet) carry these as JSON-encoded strings. Anything but a
+        # JSON list of strings is refused (pydantic names the field, ``TaskSet`` the file, row and instance): a test
+        # list that parsed as something else would grade every session against the wrong tests.
+        if not isinstance(value, str):
+            return value
+        if not value.strip():
+            return []
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"a string that is not JSON ({exc.msg}): {value[:80]!r}") from None
+        if not isinstance(parsed, list) or not all(isinstance(t, str) for t in parsed):
+            raise ValueError(f"must be a list of test ids or a JSON list of strings, got {value[:80]!r}")
+        return parsed
+
+    @field_validator("version", mode="before")
+    @classmethod
+    def _version_text(cls, value: Any) -> Any:
+        # Exports that went through pandas turn "3.0" into the number 3.0; the version is a label, so keep its text.
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return str(value)
+        return value
+
+    @field_validator("created_at", mode="before")
+    @classmethod
+    def _timestamp_text(cls, value: Any) -> Any:
+        # A Parquet timestamp column reads as a datetime; the field is the ISO text SWE-bench publishes.
+        if isinstance(value, datetime.date):
+            return value.isoformat()
         return value
 
     @property
@@ -117,13 +167,14 @@ class Task(BaseModel):
             raise MaterializeError(
                 f"task {self.instance_id} has no repository snapshot: no git bundle holding {self.base_commit[:12]}"
                 f" was found (repos/{self.instance_id}.bundle or repos/{self.repo.replace('/', '__')}.bundle"
-                " next to the JSONL)"
+                " next to the task file)"
             )
 
     def materialize(self, dest: Path) -> Path:
         """Create a git working tree of the repository at ``base_commit`` in ``dest`` (absent or empty) and return it.
 
-        The tree has no remote and no history beyond what the bundle holds (the base commit); the hidden test patch
+        The tree has no remote, no branch, tag or reflog: only its detached HEAD, the base commit, names a commit
+        (even when the bundle was made with ``--all`` from a repository holding later commits). The hidden test patch
         and the gold patch are not in it. A task without a snapshot that names no ``base_commit`` (a task that needs
         no repository, such as an ``answer`` task) gets an empty repository with one commit.
         """
@@ -156,6 +207,7 @@ class Task(BaseModel):
             _git(["clone", "-q", "--no-checkout", str(self._snapshot), str(dest)])
             _git(["checkout", "-q", "--detach", self.base_commit], cwd=dest)
             _git(["remote", "remove", "origin"], cwd=dest)
+            _forget_other_commits(dest)
         except MaterializeError:
             shutil.rmtree(dest, ignore_errors=True)
             raise

@@ -1,12 +1,16 @@
-"""A task set: an ordered collection of ``Task`` s loaded from JSONL, with a content digest.
+"""A task set: an ordered collection of ``Task`` s loaded from JSONL or Parquet, with a content digest.
 
 ``TaskSet.from_source(name_or_path)`` resolves a ``task_source`` (a shipped set's name — ``bundled``, ``toy``,
-``count``, ``count-heldout`` — or a JSONL path).
+``count``, ``count-heldout`` — or the path of a task file).
 ``TaskSet.bundled()`` is floe's own set (package data: ``bundled/tasks.jsonl`` + ``bundled/repos/<id>.bundle``).
-``TaskSet.from_jsonl(path)`` reads any JSONL of SWE-bench-format instances; snapshots are looked up in
-``repos_dir`` (default: ``<jsonl dir>/repos``) as ``<instance_id>.bundle`` or ``<owner>__<name>.bundle``.
+``TaskSet.from_file(path)`` reads a file of SWE-bench-format instances by its suffix: ``.parquet`` (one row per
+instance, as the dataset hub exports SWE-bench; ``from_parquet``) or anything else as JSONL (``from_jsonl``).
+Snapshots are looked up in ``repos_dir`` (default: ``<file's dir>/repos``) as ``<instance_id>.bundle`` or
+``<owner>__<name>.bundle``. A null column reads as an absent one (its default applies), in both formats.
 ``digest`` hashes the instances and the bundle bytes, so caches keyed by it (gold validation) invalidate when
-anything graded changes.
+anything graded changes; the same instances give the same digest whichever format they came in.
+
+Limits: Parquet needs ``pyarrow`` (imported only when a ``.parquet`` file is read); a Parquet file is read whole.
 """
 
 from __future__ import annotations
@@ -14,8 +18,9 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -59,27 +64,73 @@ class TaskSet:
     @functools.cache
     def from_source(cls, source: str) -> TaskSet:
         """Resolve a ``task_source`` as every service does: a shipped set's name (``NAMED_SETS``) or the path
-        of a SWE-bench-format JSONL. Cached per source: task sets are immutable."""
+        of a SWE-bench-format JSONL or Parquet file. Cached per source: task sets are immutable."""
         if source in NAMED_SETS:
             return cls.from_jsonl(NAMED_SETS[source], name=source)
-        return cls.from_jsonl(source)
+        return cls.from_file(source)
+
+    @classmethod
+    def from_file(cls, path: str | Path, *, repos_dir: str | Path | None = None, name: str | None = None) -> TaskSet:
+        """A JSONL or (by its ``.parquet`` suffix) Parquet file of instances."""
+        if Path(path).suffix.lower() == ".parquet":
+            return cls.from_parquet(path, repos_dir=repos_dir, name=name)
+        return cls.from_jsonl(path, repos_dir=repos_dir, name=name)
 
     @classmethod
     def from_jsonl(cls, path: str | Path, *, repos_dir: str | Path | None = None, name: str | None = None) -> TaskSet:
         path = Path(path)
-        repos = Path(repos_dir) if repos_dir is not None else path.parent / "repos"
         try:
             text = path.read_text(encoding="utf-8")
         except OSError as exc:
             raise TaskSetError(f"cannot read task set {path}: {exc}") from exc
+
+        def rows() -> Iterator[tuple[str, Any]]:
+            for lineno, line in enumerate(text.splitlines(), start=1):
+                if not line.strip():
+                    continue
+                try:
+                    yield f"{path}:{lineno}", json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise TaskSetError(f"{path}:{lineno}: not valid JSON: {exc}") from exc
+
+        return cls._from_rows(rows(), path, repos_dir, name)
+
+    @classmethod
+    def from_parquet(cls, path: str | Path, *, repos_dir: str | Path | None = None, name: str | None = None) -> TaskSet:
+        """A Parquet file with one row per instance and the instance fields as columns (the dataset hub's export:
+        FAIL_TO_PASS / PASS_TO_PASS as JSON-encoded strings; list columns work too)."""
+        path = Path(path)
+        # Imported here, not at module level: only Parquet readers pay for pyarrow (the session runner, for one,
+        # never reads a Parquet file for the bundled set).
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        try:
+            table = pq.read_table(path)
+        except (OSError, pa.ArrowException) as exc:
+            raise TaskSetError(f"cannot read task set {path}: {exc}") from exc
+        rows = ((f"{path}: row {i}", row) for i, row in enumerate(table.to_pylist(), start=1))
+        return cls._from_rows(rows, path, repos_dir, name)
+
+    @classmethod
+    def _from_rows(
+        cls, rows: Iterable[tuple[str, Any]], path: Path, repos_dir: str | Path | None, name: str | None
+    ) -> TaskSet:
+        """Validate ``(where, row)`` pairs into tasks with their snapshots; an error names the file, the row (or
+        line) and, when the row has one, the instance id."""
+        repos = Path(repos_dir) if repos_dir is not None else path.parent / "repos"
         tasks: list[Task] = []
-        for lineno, line in enumerate(text.splitlines(), start=1):
-            if not line.strip():
-                continue
+        for where, row in rows:
+            if not isinstance(row, dict):
+                raise TaskSetError(f"{where}: an instance must be an object, got {type(row).__name__}")
+            # A null column is an absent one: Parquet and pandas-made JSONL write null for a missing value.
+            fields = {k: v for k, v in row.items() if v is not None}
             try:
-                task = Task.model_validate(json.loads(line))
-            except (json.JSONDecodeError, ValidationError) as exc:
-                raise TaskSetError(f"{path}:{lineno}: invalid instance: {exc}") from exc
+                task = Task.model_validate(fields)
+            except ValidationError as exc:
+                iid = fields.get("instance_id")
+                label = f"instance {iid!r}" if isinstance(iid, str) else "instance"
+                raise TaskSetError(f"{where}: invalid {label}: {_describe(exc)}") from exc
             tasks.append(task.with_snapshot(_find_bundle(repos, task)))
         return cls(tasks, name=name or path.stem)
 
@@ -113,6 +164,16 @@ class TaskSet:
 
     def __repr__(self) -> str:
         return f"TaskSet(name={self.name!r}, tasks={len(self)}, digest={self.digest[:12]})"
+
+
+def _describe(exc: ValidationError) -> str:
+    """pydantic's errors on one line, ``field: message; ...`` (its default text adds URLs and input dumps)."""
+    parts = []
+    for err in exc.errors():
+        field = ".".join(str(p) for p in err["loc"]) or "row"
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        parts.append(f"{field}: {msg}")
+    return "; ".join(parts)
 
 
 def _find_bundle(repos: Path, task: Task) -> Path | None:

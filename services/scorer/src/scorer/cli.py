@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         "--source",
         dest="source",
         default=None,
-        help="'bundled' or a SWE-bench JSONL (default: settings)",
+        help="'bundled' or a SWE-bench JSONL or Parquet file (default: settings)",
     )
     parser.add_argument("--backend", choices=["bwrap", "docker", "bare"], default=None)
     parser.add_argument(
@@ -111,7 +111,7 @@ def _validate(argv: list[str]) -> int:
         "--source",
         dest="source",
         default=None,
-        help="'bundled', 'toy' or a SWE-bench JSONL (default: settings)",
+        help="'bundled', 'toy' or a SWE-bench JSONL or Parquet file (default: settings)",
     )
     parser.add_argument("--no-grade", action="store_true", help="data checks only")
     parser.add_argument("--no-cache", action="store_true", help="regrade even if this digest validated before")
