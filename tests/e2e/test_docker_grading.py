@@ -79,6 +79,15 @@ def _grade_checks(grader: Grader, task: Task) -> dict[str, tuple[str, dict[str, 
     return out
 
 
+def _prefixed(task: Task, tmp: Path, code: str) -> str:
+    """A real diff (so it applies) that puts ``code`` at the top of the module the gold patch fixes."""
+    module = next(line[len("+++ b/") :] for line in task.patch.splitlines() if line.startswith("+++ b/"))
+    tree = task.materialize(tmp / "tree")
+    target = tree / module
+    target.write_text(code + target.read_text())
+    return subprocess.run(["git", "diff"], cwd=tree, capture_output=True, text=True, check=True).stdout
+
+
 def test_docker_backend_gives_the_bubblewrap_verdicts_on_the_bundled_set(images: dict[str, str], work: Path) -> None:
     tasks = [t for t in TaskSet.bundled() if t.instance_id in images]
     assert len(tasks) >= 20
@@ -99,15 +108,22 @@ def test_docker_backend_gives_the_bubblewrap_verdicts_on_the_bundled_set(images:
 def test_a_job_past_its_wall_clock_limit_is_killed_with_its_container(images: dict[str, str], tmp_path: Path) -> None:
     task = TaskSet.bundled().get("floe__calx-7")
     grader = _grader(tmp_path / "work", backend="docker", docker_namespace=NAMESPACE, timeout_s=6.0)
-    # A module the tests import sleeps at import: the run outlives the limit (diffed for real, so it applies).
-    module = next(line[len("+++ b/") :] for line in task.patch.splitlines() if line.startswith("+++ b/"))
-    tree = task.materialize(tmp_path / "tree")
-    target = tree / module
-    target.write_text("import time\ntime.sleep(600)\n" + target.read_text())
-    diff = subprocess.run(["git", "diff"], cwd=tree, capture_output=True, text=True, check=True).stdout
-    res = grader.grade(task, diff)
+    # A module the tests import sleeps at import: the run outlives the limit.
+    res = grader.grade(task, _prefixed(task, tmp_path, "import time\ntime.sleep(600)\n"))
     assert res.outcome is Outcome.UNRESOLVED, res.reason
     assert res.timings_ms["total"] < 30_000
+    assert _grading_containers() == []
+
+
+def test_a_memory_bomb_is_killed_by_the_containers_memory_limit_and_named(
+    images: dict[str, str], tmp_path: Path
+) -> None:
+    task = TaskSet.bundled().get("floe__calx-7")
+    limit = 96 * 1024**2
+    grader = _grader(tmp_path / "work", backend="docker", docker_namespace=NAMESPACE, address_space_bytes=limit)
+    res = grader.grade(task, _prefixed(task, tmp_path, "hog = [bytearray(1 << 20) for _ in range(1024)]\n"))
+    assert res.outcome is Outcome.UNRESOLVED, res.reason
+    assert "memory limit (docker --memory, 96.0 MiB)" in res.reason
     assert _grading_containers() == []
 
 

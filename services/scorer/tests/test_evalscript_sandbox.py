@@ -35,7 +35,7 @@ def test_bwrap_job_spec_and_isolation_flags() -> None:
     spec = sb.spec(job, 61005)
     assert (spec.uid, spec.gid, spec.cwd, spec.network, spec.stderr) == (61005, 61005, "/testbed", "none", None)
     assert spec.env["PATH"] == "/floe/bin:/usr/bin:/bin" and spec.env["PYTHONHASHSEED"] == "0"
-    argv = build_command(spec, Path("/run-dir"), pinned={}, lifeline_fd=5)
+    argv = build_command(spec, Path("/run-dir"), pinned={}, lifeline_fd=5, seccomp_fd=7)
     assert "--reuid=61005" in argv and "--regid=61005" in argv and "--clear-groups" in argv
     assert "--cpu=7:8" in argv and "--nproc=9" in argv and "--core=0" in argv
     for flag in ("--unshare-all", "--die-with-parent", "--new-session", "--disable-userns"):

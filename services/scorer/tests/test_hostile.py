@@ -3,8 +3,10 @@ error where the fault is ours), leave nothing behind outside the sandbox, and th
 
 from __future__ import annotations
 
+import dataclasses
 import http.server
 import os
+import platform
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -14,6 +16,8 @@ import pytest
 
 from contracts import Outcome
 from floe_tasks import BUNDLED_DIR, Task, TaskSet
+from sandbox.cgroup import Cgroup, CgroupUnavailable, parent_dirs
+from sandbox.seccomp import ARCHES
 from scorer.grader import Grader
 
 TASK_ID = "floe__seqtools-1"
@@ -60,6 +64,11 @@ def _job_dirs(grader: Grader) -> list[Path]:
     return list(grader.work_dir.glob("job-*"))
 
 
+def _job_cgroups() -> list[Path]:
+    """The jobs' cgroups made by this (test) process that still exist: none once a job has ended."""
+    return [d for parent in parent_dirs() if parent.is_dir() for d in parent.glob(f"sbx-{os.getpid()}-*")]
+
+
 def _assert_contained(grader: Grader) -> None:
     first_uid = grader.sandbox.first_uid  # type: ignore[attr-defined]
     deadline = time.monotonic() + 5
@@ -67,6 +76,24 @@ def _assert_contained(grader: Grader) -> None:
         time.sleep(0.05)
     assert _sandbox_uid_processes(first_uid) == [], "sandboxed processes survived the job"
     assert _job_dirs(grader) == [], "job directories left behind"
+    assert _job_cgroups() == [], "job cgroups left behind"
+
+
+@pytest.fixture(scope="module")
+def cgroups() -> None:
+    """Skip a test that needs the cgroup limits where this machine has none (the rlimits still hold there)."""
+    try:
+        Cgroup.create(memory_bytes=64 * 1024**2, pids=8).remove()
+    except CgroupUnavailable as exc:
+        pytest.skip(f"no cgroup limits here: {exc}")
+
+
+@pytest.fixture
+def small(grader: Grader) -> Grader:
+    """The same sandbox with small limits, so an attack on them ends in about a second: 192 MiB of memory for the
+    whole job (pytest needs ~40), 32 processes, 8 s of wall clock."""
+    limits = dataclasses.replace(grader.limits, memory_bytes=192 * 1024**2, nproc=32, wall_s=8.0)
+    return Grader(grader.sandbox, grader.testenv, grader.work_dir, limits)
 
 
 def test_sanity_gold_and_fixed_module_resolve(grader: Grader, task: Task, make_diff: MakeDiff) -> None:
@@ -171,11 +198,53 @@ def test_fork_bomb_is_contained(grader: Grader, task: Task, make_diff: MakeDiff)
     _assert_contained(grader)
 
 
+def test_fork_bomb_hits_the_process_limit(cgroups: None, small: Grader, task: Task, make_diff: MakeDiff) -> None:
+    # Forks until the kernel refuses (the job's cgroup, pids.max = nproc), then goes on: the reason names the limit.
+    bomb = (
+        "import os, time\n"
+        "try:\n"
+        "    while True:\n"
+        "        if os.fork() == 0:\n"
+        "            time.sleep(1)\n"
+        "            os._exit(0)\n"
+        "except OSError:\n"
+        "    pass\n"
+    )
+    res = small.grade(task, make_diff(task, {CORE: bomb + _core(task)}))
+    assert res.outcome is Outcome.UNRESOLVED and res.reward == 0, res.reason
+    assert res.reason.endswith("; the process-count limit (cgroup, 32) fired"), res.reason
+    _assert_contained(small)
+
+
+def test_endless_fork_bomb_times_out_with_the_process_limit_named(
+    cgroups: None, small: Grader, task: Task, make_diff: MakeDiff
+) -> None:
+    # Never ends by itself: held at 32 processes until the wall clock (3 s here) kills the job.
+    bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+    short = Grader(small.sandbox, small.testenv, small.work_dir, dataclasses.replace(small.limits, wall_s=3.0))
+    res = short.grade(task, make_diff(task, {CORE: bomb + _core(task)}))
+    assert res.outcome is Outcome.UNRESOLVED and res.reward == 0
+    assert res.reason == "tests timed out after 3s; the process-count limit (cgroup, 32) fired", res.reason
+    _assert_contained(short)
+
+
 def test_unbounded_memory(grader: Grader, task: Task, make_diff: MakeDiff) -> None:
     hog = "blocks = []\nwhile True:\n    blocks.append(bytearray(50 * 1024 * 1024))\n"
     res = grader.grade(task, make_diff(task, {CORE: hog + _core(task) + FIXED_CHUNK}))
     assert res.outcome is Outcome.UNRESOLVED
     _assert_contained(grader)
+
+
+def test_memory_bomb_is_killed_by_the_memory_limit(
+    cgroups: None, small: Grader, task: Task, make_diff: MakeDiff
+) -> None:
+    # The job's cgroup (192 MiB here) is below RLIMIT_AS, so the kernel's OOM killer ends pytest, and the reason
+    # says so: the agent's failure (reward 0, scored), not an infrastructure error.
+    hog = "blocks = []\nwhile True:\n    blocks.append(bytearray(16 * 1024 * 1024))\n"
+    res = small.grade(task, make_diff(task, {CORE: hog + _core(task) + FIXED_CHUNK}))
+    assert res.outcome is Outcome.UNRESOLVED and res.reward == 0
+    assert res.reason.endswith("the test run was killed: memory limit (cgroup, 192.0 MiB)"), res.reason
+    _assert_contained(small)
 
 
 def test_disk_fill(grader: Grader, task: Task, make_diff: MakeDiff) -> None:
@@ -197,6 +266,117 @@ def test_disk_fill(grader: Grader, task: Task, make_diff: MakeDiff) -> None:
     # writes land in the sandbox's size-capped tmpfs; the host disk is untouched (an escape would write ~2 GB)
     vfs = os.statvfs(grader.work_dir)
     assert before - vfs.f_bavail * vfs.f_frsize < 256 * 1024 * 1024
+    _assert_contained(grader)
+
+
+def test_disk_fill_of_the_workspace_and_tmp_gets_enospc(grader: Grader, task: Task, make_diff: MakeDiff) -> None:
+    # The module is correct only if both tmpfs (the testbed and /tmp, 32 MiB each) said ENOSPC, never more: the
+    # grader is the witness of what happened inside (RESOLVED iff the writes were refused as expected).
+    fill = (
+        "import errno as _errno, itertools as _it\n"
+        "FULL = []\n"
+        "for _where in ('.', '/tmp'):\n"
+        "    for _i in _it.count():\n"
+        "        try:\n"
+        "            with open(f'{_where}/fill-{_i}.bin', 'wb') as _fh:\n"
+        "                _fh.write(b'x' * (4 * 1024 * 1024))\n"
+        "        except OSError as _exc:\n"
+        "            FULL.append(_exc.errno == _errno.ENOSPC and _i <= 8)\n"
+        "            break\n"
+    )
+    res = grader.grade(
+        task,
+        make_diff(
+            task, {CORE: fill + _core(task) + "\nif FULL == [True, True]:\n" + FIXED_CHUNK.replace("\n", "\n    ")}
+        ),
+    )
+    assert res.outcome is Outcome.RESOLVED, res.reason
+    _assert_contained(grader)
+
+
+def test_a_file_past_the_size_limit_is_named(grader: Grader, task: Task, make_diff: MakeDiff) -> None:
+    # Python ignores SIGXFSZ (it would get EFBIG); a program that does not is killed by it, and the reason says so.
+    big = (
+        "import signal as _signal\n"
+        "_signal.signal(_signal.SIGXFSZ, _signal.SIG_DFL)\n"
+        "open('big.bin', 'wb').write(b'x' * (16 * 1024 * 1024))\n"
+    )
+    res = grader.grade(task, make_diff(task, {CORE: big + _core(task) + FIXED_CHUNK}))
+    assert res.outcome is Outcome.UNRESOLVED and res.reward == 0
+    assert res.reason.endswith("the test run was killed by SIGXFSZ: the file-size limit (RLIMIT_FSIZE)"), res.reason
+    _assert_contained(grader)
+
+
+# Kernel interfaces a diff has no use for, tried from the module under test. Each must fail with exactly this errno
+# (the seccomp filter's answer); the fix is defined only if all did, so RESOLVED means every one was refused.
+SYSCALL_ATTACKS = r"""
+import ctypes as _ct, errno as _errno, os as _os, socket as _socket
+_libc = _ct.CDLL(None, use_errno=True)
+_libc.syscall.restype = _ct.c_long
+_NR = %(nr)r
+def _refused(ret, expected=_errno.EPERM):
+    return ret == -1 and _ct.get_errno() == expected
+REFUSED = {}
+REFUSED["ptrace-attach-parent"] = _refused(_libc.ptrace(16, _os.getppid(), 0, 0))
+_child = _os.fork()
+if _child == 0:
+    _os._exit(0 if _refused(_libc.ptrace(0, 0, 0, 0)) else 1)
+REFUSED["ptrace-traceme"] = _os.waitpid(_child, 0)[1] == 0
+_os.makedirs("/tmp/floe-m", exist_ok=True)
+REFUSED["mount"] = _refused(_libc.mount(b"none", b"/tmp/floe-m", b"tmpfs", 0, None))
+REFUSED["keyctl"] = _refused(_libc.syscall(_ct.c_long(_NR["keyctl"]), _ct.c_long(0), _ct.c_long(-3), _ct.c_long(0)))
+REFUSED["unshare-user"] = _refused(_libc.unshare(0x10000000))
+for _name, _family, _kind in [("raw-socket", _socket.AF_INET, _socket.SOCK_RAW),
+                              ("packet-socket", _socket.AF_PACKET, _socket.SOCK_DGRAM)]:
+    try:
+        _socket.socket(_family, _kind).close()
+        REFUSED[_name] = False
+    except OSError as _exc:
+        REFUSED[_name] = _exc.errno == _errno.EPERM
+"""
+
+
+def test_ptrace_mount_keyctl_unshare_and_raw_sockets_are_refused(
+    grader: Grader, task: Task, make_diff: MakeDiff
+) -> None:
+    attacks = SYSCALL_ATTACKS % {"nr": ARCHES[platform.machine()].syscalls}
+    code = (
+        attacks
+        + _core(task)
+        + "\nif all(REFUSED.values()) and len(REFUSED) == 7:\n"
+        + FIXED_CHUNK.replace("\n", "\n    ")
+    )
+    res = grader.grade(task, make_diff(task, {CORE: code}))
+    assert res.outcome is Outcome.RESOLVED, f"an attack was not refused with EPERM: {res.reason}"
+    _assert_contained(grader)
+
+
+def test_writes_outside_the_testbed_are_refused(grader: Grader, task: Task, make_diff: MakeDiff) -> None:
+    # /usr, /etc, the job's input (/floe), bwrap's root and the host's /root: refused (read-only, or not there),
+    # and the host's file is unchanged.
+    canary = Path("/root") / f"floe-hostile-canary-{os.getpid()}"
+    canary.write_text("host")
+    targets = ["/usr/floe-x", "/etc/passwd", "/floe/eval.sh", "/floe/new", "/x", str(canary)]
+    code = (
+        "import errno as _errno\n"
+        "REFUSED = []\n"
+        f"for _path in {targets!r}:\n"
+        "    try:\n"
+        "        open(_path, 'w').write('diff')\n"
+        "        REFUSED.append(False)\n"
+        "    except OSError as _exc:\n"
+        "        REFUSED.append(_exc.errno in (_errno.EROFS, _errno.EACCES, _errno.ENOENT))\n"
+        + _core(task)
+        + "\nif all(REFUSED):\n"
+        + FIXED_CHUNK.replace("\n", "\n    ")
+    )
+    try:
+        res = grader.grade(task, make_diff(task, {CORE: code}))
+        assert res.outcome is Outcome.RESOLVED, f"a write outside went through: {res.reason}"
+        assert canary.read_text() == "host"
+        assert not Path("/usr/floe-x").exists()
+    finally:
+        canary.unlink()
     _assert_contained(grader)
 
 

@@ -1,11 +1,17 @@
-"""The sandbox command line: ``prlimit`` -> ``setpriv`` (the uid drop) -> ``bwrap`` -> launcher -> the command.
+"""The sandbox command line: [cgroup join] -> ``prlimit`` -> ``setpriv`` (the uid drop) -> ``bwrap`` (with its
+seccomp filter) -> launcher -> the command.
 
 Pure functions of a ``SandboxSpec`` and the file descriptors the process layer opened (``sandbox.process``), so the
 recipe can be read, and tested, in one place. Tools are called by absolute path: the chain starts as root, and the
 sandbox's ``PATH`` (its environment is the chain's) must not choose what root executes.
 
+The cgroup join (``sandbox.cgroup.join_argv``) is there only when the sandbox has a cgroup: a ``/bin/sh`` that moves
+itself into it and execs the rest, so every process of the sandbox starts inside. ``--seccomp FD`` names the memfd
+holding ``sandbox.seccomp.program()``; bwrap installs it right before it execs the launcher.
+
 Mount order matters (later mounts shadow earlier ones): system mounts, ``/etc`` and the identity files, ``/proc``,
-``/dev``, the size-capped ``/tmp``, then the spec's mounts in order, then the run directory at ``RUN_MOUNT``.
+``/dev``, the size-capped ``/tmp``, then the spec's mounts in order, then the run directory at ``RUN_MOUNT``; then
+bwrap's root (a tmpfs without a size) is remounted read-only.
 """
 
 from __future__ import annotations
@@ -14,9 +20,10 @@ import os
 import shutil
 from pathlib import Path
 
+from sandbox.cgroup import Cgroup, join_argv
 from sandbox.spec import RUN_MOUNT, Bind, SandboxError, SandboxSpec, Tmpfs
 
-__all__ = ["INIT_SCRIPT", "INIT_SHELL", "LAUNCHERS", "build_command", "tool"]
+__all__ = ["INIT_SCRIPT", "INIT_SHELL", "LAUNCHERS", "NPROC_OVER_PIDS", "build_command", "tool"]
 
 # Two launchers with the same lifeline: the bash one for most sandboxes (about 1 ms to start), the Python one only
 # when the sandbox needs its TCP bridge (a listener inside, which sh cannot open; ~20 ms).
@@ -46,9 +53,18 @@ def _system_mounts() -> list[str]:
     return args
 
 
-def _prlimit(spec: SandboxSpec) -> list[str]:
+# RLIMIT_NPROC above a pids cgroup in force by this much. Both count the same processes when the uid is the
+# sandbox's own, and at equal values the rlimit refuses first (its check comes earlier in fork) and is named by
+# nothing; the cgroup is exact, per sandbox, and says it fired.
+NPROC_OVER_PIDS = 16
+
+
+def _prlimit(spec: SandboxSpec, cgroup: Cgroup | None) -> list[str]:
     lim = spec.limits
-    args = [tool("prlimit"), f"--nofile={lim.nofile}", f"--nproc={lim.nproc}", f"--fsize={lim.fsize_bytes}", "--core=0"]
+    nproc = lim.nproc
+    if cgroup is not None and cgroup.pids is not None:
+        nproc = max(nproc, cgroup.pids + NPROC_OVER_PIDS)
+    args = [tool("prlimit"), f"--nofile={lim.nofile}", f"--nproc={nproc}", f"--fsize={lim.fsize_bytes}", "--core=0"]
     if lim.address_space_bytes is not None:
         args.append(f"--as={lim.address_space_bytes}")
     if lim.cpu_s is not None:
@@ -60,11 +76,22 @@ def _prlimit(spec: SandboxSpec) -> list[str]:
 
 
 def build_command(
-    spec: SandboxSpec, run_dir: Path, *, pinned: dict[Bind, int], lifeline_fd: int, info_fd: int | None = None
+    spec: SandboxSpec,
+    run_dir: Path,
+    *,
+    pinned: dict[Bind, int],
+    lifeline_fd: int,
+    info_fd: int | None = None,
+    seccomp_fd: int | None = None,
+    cgroup: Cgroup | None = None,
 ) -> list[str]:
     """The full argv. ``pinned`` maps each ``Bind(pin=True)`` of the spec to its open fd; ``lifeline_fd`` is the
-    read end of the lifeline; ``info_fd`` is where bwrap reports the pid of the namespace's init."""
-    cmd = _prlimit(spec)
+    read end of the lifeline; ``info_fd`` is where bwrap reports the pid of the namespace's init; ``seccomp_fd``
+    holds the compiled filter (required when ``spec.seccomp``); ``cgroup`` is the sandbox's, when it has one."""
+    if spec.seccomp and seccomp_fd is None:
+        raise ValueError("the spec asks for seccomp: build_command needs the filter's fd")
+    cmd = join_argv(cgroup.procs_files) if cgroup is not None else []
+    cmd += _prlimit(spec, cgroup)
     if spec.uid is not None:
         cmd += [
             tool("setpriv"),
@@ -79,6 +106,8 @@ def build_command(
     cmd += [tool("bwrap"), "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session"]
     if info_fd is not None:
         cmd += ["--info-fd", str(info_fd)]
+    if spec.seccomp and seccomp_fd is not None:
+        cmd += ["--seccomp", str(seccomp_fd)]
     if spec.network == "host":
         cmd.append("--share-net")
     cmd += _system_mounts()
@@ -94,7 +123,9 @@ def build_command(
             cmd += ["--ro-bind-fd", str(pinned[mount]), mount.dest]
         else:
             cmd += ["--bind" if mount.writable else "--ro-bind", str(mount.source), mount.dest]
-    cmd += ["--ro-bind", str(run_dir), RUN_MOUNT, "--chdir", spec.cwd]
+    # Last: bwrap's own root is a tmpfs of no set size, writable by the sandbox uid (its owner inside). Read-only
+    # once every mount point in it exists, so writes can only go where the spec put a size or a host directory.
+    cmd += ["--ro-bind", str(run_dir), RUN_MOUNT, "--remount-ro", "/", "--chdir", spec.cwd]
     if spec.bridge is None:
         launcher = ["/bin/bash", "-p", f"{RUN_MOUNT}/{INIT_SHELL.name}", str(lifeline_fd)]
         if "SHLVL" not in spec.env:

@@ -13,6 +13,13 @@ the sandbox when that pipe reaches EOF: the caller cut it (``wait``/``kill``), o
 died. There is no window: the pipe
 exists before the fork, and nobody else holds the write end (close-on-exec, and never in ``pass_fds``).
 
+Hardening and limits: the seccomp program (``sandbox.seccomp``) goes to bwrap in a memfd, like the info fd. With
+``Limits.memory_bytes`` or ``Limits.pids`` the sandbox gets a cgroup of its own (``sandbox.cgroup``), created before
+the spawn and joined by the first process of the command chain; ``kill`` reads which of its limits fired and removes
+it. Where cgroups are not available the sandbox runs with its rlimits only, and ``SandboxResult.cgroup_missing``
+says why. ``SandboxResult.limit`` names the limit that fired: a cgroup's (memory, pids), an rlimit recognised by the
+exit status (SIGXCPU, SIGXFSZ), or the wall clock.
+
 ``run`` is start -> wait(timeout) -> kill in one call; ``run_sync`` is the same for threads without a loop.
 """
 
@@ -31,10 +38,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from sandbox import seccomp
 from sandbox.bridge import UnixBridge
 from sandbox.capture import Capture
+from sandbox.cgroup import Cgroup, CgroupUnavailable
 from sandbox.command import LAUNCHERS, build_command
-from sandbox.spec import Bind, SandboxError, SandboxSpec
+from sandbox.spec import Bind, LimitHit, SandboxError, SandboxSpec
 
 __all__ = ["SandboxProcess", "SandboxResult", "run", "run_sync"]
 
@@ -53,6 +62,17 @@ class SandboxResult:
     killed: bool  # we SIGKILLed it (timeout, cancellation, or kill() while it ran)
     timed_out: bool
     duration_s: float
+    # The limits that fired, most telling first: cgroup memory (an OOM kill), cgroup pids (a refused fork), the CPU
+    # and file-size rlimits (recognised by the exit status, 128+SIGXCPU / 128+SIGXFSZ), the wall clock.
+    limits_hit: tuple[LimitHit, ...] = ()
+    cgroup: str | None = None  # the cgroup limits in force ("v1 memory.limit_in_bytes=... pids.max=..."), if any
+    cgroup_missing: str | None = None  # why the cgroup limits asked for are not in force
+    seccomp: bool = False  # the seccomp filter was handed to bwrap (it refuses to start without installing it)
+
+    @property
+    def limit(self) -> str | None:
+        """The limit that fired (``"memory (cgroup memory.limit_in_bytes=67108864)"``), or None."""
+        return str(self.limits_hit[0]) if self.limits_hit else None
 
     @property
     def stdout_text(self) -> str:
@@ -80,6 +100,10 @@ class SandboxProcess:
         self._own_run_dir: Path | None = None
         self._started = 0.0
         self._ended: float | None = None
+        self.cgroup: Cgroup | None = None
+        self.cgroup_missing: str | None = None
+        self._cgroup_desc: str | None = None
+        self._cgroup_hits: list[LimitHit] = []
 
     # ------------------------------------------------------------------------------------------------ start
 
@@ -103,9 +127,29 @@ class SandboxProcess:
             # bwrap with SIGPIPE right after its clone, before it releases the child, which then waits forever.
             info = os.memfd_create("floe-bwrap-info", os.MFD_CLOEXEC)
             fds.append(info)
+            passed = [info]
+            filter_fd: int | None = None
+            if spec.seccomp:
+                # A memfd of its own per sandbox: bwrap reads it from the current offset to EOF, and the offset is
+                # shared by every holder of the file description.
+                program = seccomp.program()
+                filter_fd = os.memfd_create("floe-seccomp", os.MFD_CLOEXEC)
+                fds.append(filter_fd)
+                os.write(filter_fd, program)
+                os.lseek(filter_fd, 0, os.SEEK_SET)
+                passed.append(filter_fd)
+            self._make_cgroup()
             life_r, life_w = os.pipe()  # both close-on-exec: only the read end is passed (pass_fds), never the write
             fds += [life_r, life_w]
-            cmd = build_command(spec, run_dir, pinned=pinned, lifeline_fd=life_r, info_fd=info)
+            cmd = build_command(
+                spec,
+                run_dir,
+                pinned=pinned,
+                lifeline_fd=life_r,
+                info_fd=info,
+                seccomp_fd=filter_fd,
+                cgroup=self.cgroup,
+            )
             self._started = time.monotonic()
             self._proc = await asyncio.create_subprocess_exec(
                 *cmd,
@@ -114,7 +158,7 @@ class SandboxProcess:
                 stderr=asyncio.subprocess.PIPE if spec.stderr is not None else asyncio.subprocess.STDOUT,
                 env=dict(spec.env),
                 start_new_session=True,
-                pass_fds=[info, life_r, *pinned.values()],
+                pass_fds=[*passed, life_r, *pinned.values()],
                 cwd="/",
             )
         except BaseException as exc:
@@ -129,6 +173,8 @@ class SandboxProcess:
             for fd in pinned.values():
                 os.close(fd)
         os.close(life_r)
+        if filter_fd is not None:
+            os.close(filter_fd)  # bwrap has its own copy
         self._lifeline = life_w
         streams = [(self._proc.stdout, self.stdout), (self._proc.stderr, self.stderr)]
         self._readers = [asyncio.create_task(_drain(s, c)) for s, c in streams if s is not None]
@@ -139,6 +185,17 @@ class SandboxProcess:
         if self.ns_init_pid is not None:
             with contextlib.suppress(OSError):  # already gone: wait_gone has nothing to wait for
                 self._ns_init_fd = os.pidfd_open(self.ns_init_pid)
+
+    def _make_cgroup(self) -> None:
+        lim = self.spec.limits
+        if lim.memory_bytes is None and lim.pids is None:
+            return
+        try:
+            self.cgroup = Cgroup.create(memory_bytes=lim.memory_bytes, pids=lim.pids)
+            self._cgroup_desc = self.cgroup.describe()
+        except CgroupUnavailable as exc:
+            # Not an error: the rlimits still hold, and the result says the cgroup limits did not.
+            self.cgroup_missing = str(exc)
 
     async def _read_ns_init(self, info: int) -> int | None:
         # bwrap writes {"child-pid": N, ...}\n once the namespace exists; exiting without it means bwrap failed
@@ -256,15 +313,39 @@ class SandboxProcess:
         if self.bridge is not None:
             with contextlib.suppress(Exception):
                 await self.bridge.close()
+        if self.cgroup is not None:
+            cg, self.cgroup = self.cgroup, None
+            self._cgroup_hits = cg.hits()  # before the removal takes the counters with it
+            # rmdir answers EBUSY until the last exiting process has left: retry briefly (remove() SIGKILLs anything
+            # still inside; normally nothing is, the pid namespace is gone).
+            pause = 0.001
+            deadline = time.monotonic() + 5.0
+            while not cg.remove() and time.monotonic() < deadline:
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 0.1)
         if self._own_run_dir is not None:
             await asyncio.to_thread(shutil.rmtree, self._own_run_dir, True)
             self._own_run_dir = None
 
-    def result(self, exit_code: int | None = None, *, timed_out: bool = False) -> SandboxResult:
-        """The outcome so far; ``exit_code`` defaults to the sandbox's own (``None`` while it runs)."""
+    def result(
+        self, exit_code: int | None = None, *, timed_out: bool = False, timeout_s: float | None = None
+    ) -> SandboxResult:
+        """The outcome so far; ``exit_code`` defaults to the sandbox's own (``None`` while it runs). ``timed_out``:
+        the caller's wall clock (of ``timeout_s`` seconds) ended it. The cgroup's limits are known after ``kill``."""
         ended = self._ended if self._ended is not None else time.monotonic()
+        code = exit_code if exit_code is not None else self.returncode
+        lim = self.spec.limits
+        hits = list(self._cgroup_hits)
+        # bwrap exits 128+N when its program died of signal N; these two are the kernel enforcing an rlimit.
+        if code == 128 + signal.SIGXCPU and lim.cpu_s is not None:
+            hits.append(LimitHit("cpu", "RLIMIT_CPU", lim.cpu_s))
+        if code == 128 + signal.SIGXFSZ:
+            hits.append(LimitHit("file-size", "RLIMIT_FSIZE", lim.fsize_bytes))
+        if timed_out:
+            wall = timeout_s if timeout_s is not None else ended - self._started
+            hits.append(LimitHit("wall-clock", "timeout", wall))
         return SandboxResult(
-            exit_code=exit_code if exit_code is not None else self.returncode,
+            exit_code=code,
             stdout=self.stdout.data(),
             stderr=self.stderr.data(),
             stdout_total=self.stdout.total,
@@ -273,6 +354,10 @@ class SandboxProcess:
             killed=self.killed,
             timed_out=timed_out,
             duration_s=ended - self._started if self._started else 0.0,
+            limits_hit=tuple(hits),
+            cgroup=self._cgroup_desc,
+            cgroup_missing=self.cgroup_missing,
+            seccomp=self.spec.seccomp and self._started > 0,
         )
 
 
@@ -290,7 +375,7 @@ async def run(spec: SandboxSpec, *, timeout: float) -> SandboxResult:
         timed_out = True
     finally:
         await proc.kill()
-    return proc.result(timed_out=timed_out)
+    return proc.result(timed_out=timed_out, timeout_s=timeout)
 
 
 def run_sync(spec: SandboxSpec, *, timeout: float) -> SandboxResult:

@@ -137,4 +137,6 @@ class Grader:
             image = task.image or (self.sandbox.image_for(iid) if isinstance(self.sandbox, DockerSandbox) else None)
             res = self.sandbox.run(Job(input_dir=inp, limits=self.limits, image=image, name=iid))
             timings["sandbox"] = round((time.monotonic() - t) * 1000, 1)
-        return SandboxRun(res.output, res.returncode, res.timed_out, self.limits.wall_s, res.isolation, timings)
+        return SandboxRun(
+            res.output, res.returncode, res.timed_out, self.limits.wall_s, res.isolation, timings, res.limits_hit
+        )

@@ -1,17 +1,22 @@
 """Where untrusted eval scripts run: the ``Sandbox`` protocol, the bubblewrap, bare and docker backends, and the probe.
 
 ``BwrapSandbox`` maps a grading ``Job`` to floe's one launcher (``libs/sandbox``; docs/scorer.md, "Sandbox"): an
-unprivileged uid from a pool (one per concurrent job, so RLIMIT_NPROC is per job), ``prlimit`` (CPU seconds, address
-space, processes, file size, open files, no core), then ``bwrap`` with read-only ``/usr`` and ``/etc``, a size-capped
-``/tmp``, the job's input directory read-only at ``/floe`` and a size-capped tmpfs at ``/testbed`` (writes by the diff
-land in RAM capped at ``testbed_bytes``; nothing on the host disk changes), no network, stdout and stderr merged and
-capped (head + tail). The launcher adds the wall-clock timeout, the process-tree kill, and the lifeline: a job never
-outlives the scorer, even one that dies while the job is starting.
+unprivileged uid from a pool (one per concurrent job, so RLIMIT_NPROC is per job), a cgroup of its own where the
+machine has one (``memory_bytes`` of RAM + swap for the whole job, tmpfs pages included, and ``nproc`` processes and
+threads as ``pids.max``), ``prlimit`` (CPU seconds, address space as a backstop above the cgroup cap, processes,
+file size, open files, no core), then ``bwrap`` with the launcher's seccomp filter (no ptrace, mounts, namespaces,
+keyrings, bpf, perf, raw sockets...; ``sandbox.seccomp``), read-only ``/usr`` and ``/etc``, a size-capped ``/tmp``,
+the job's input directory read-only at ``/floe`` and a size-capped tmpfs at ``/testbed`` (writes by the diff land in
+RAM capped at ``testbed_bytes``; nothing on the host disk changes), no network, stdout and stderr merged and capped
+(head + tail). The launcher adds the wall-clock timeout, the process-tree kill, and the lifeline: a job never
+outlives the scorer, even one that dies while the job is starting. ``ExecResult.limits_hit`` says which limit fired
+(the evaluator's reason names it); ``probe_bwrap`` says whether the seccomp filter and the cgroup limits are in force.
 
-What it does not cover (honest limits): no seccomp filter and no cgroup, so memory is capped by RLIMIT_AS only
-(crude); the kernel is the security boundary; code under test shares the pytest process, so a diff that hooks
-pytest from inside the module under test can still forge outcomes (test-infrastructure files are reverted by the
-eval script, which closes the conftest route).
+What it does not cover (honest limits): without cgroups (not root, no memory/pids controller) memory is capped by
+RLIMIT_AS only (crude, per process) and processes by RLIMIT_NPROC; CPU is capped per process in CPU seconds, not as
+a share; the kernel is still the security boundary (the filter narrows it, it does not remove it); code under test
+shares the pytest process, so a diff that hooks pytest from inside the module under test can still forge outcomes
+(test-infrastructure files are reverted by the eval script, which closes the conftest route).
 
 ``BareSandbox`` runs the same script with the same rlimits but no isolation and no lifeline (benchmarks, and level
 C where it is explicitly allowed). ``DockerSandbox`` builds the ``docker run`` argv for official SWE-bench instance
@@ -72,12 +77,13 @@ JOB_ENV = {
 @dataclass(frozen=True)
 class Limits:
     cpu_s: int = 120
-    address_space_bytes: int = 4 * 1024**3
-    nproc: int = 256
+    address_space_bytes: int = 4 * 1024**3  # RLIMIT_AS per process; above memory_bytes, so the cgroup fires first
+    nproc: int = 256  # processes (and threads) per job: the cgroup's pids.max, and RLIMIT_NPROC behind it
     fsize_bytes: int = 64 * 1024**2
     nofile: int = 1024
     testbed_bytes: int = 256 * 1024**2
     wall_s: float = 300.0
+    memory_bytes: int = 2 * 1024**3  # cgroup: RAM + swap of the whole job (bwrap backend)
 
     def rlimits(self) -> sandbox.Limits:
         return sandbox.Limits(
@@ -86,6 +92,8 @@ class Limits:
             fsize_bytes=self.fsize_bytes,
             address_space_bytes=self.address_space_bytes,
             cpu_s=self.cpu_s,
+            memory_bytes=self.memory_bytes,
+            pids=self.nproc,
         )
 
 
@@ -107,6 +115,12 @@ class ExecResult:
     duration_s: float
     isolation: str
     argv: list[str] = field(default_factory=list)
+    # bwrap backend: the limits that fired (most telling first), the cgroup limits in force or why not, and whether
+    # the seccomp filter was applied
+    limits_hit: tuple[sandbox.LimitHit, ...] = ()
+    cgroup: str | None = None
+    cgroup_missing: str | None = None
+    seccomp: bool = False
 
 
 class Sandbox(Protocol):
@@ -226,6 +240,10 @@ class BwrapSandbox:
             duration_s=res.duration_s,
             isolation=self.isolation,
             argv=spec.argv,
+            limits_hit=res.limits_hit,
+            cgroup=res.cgroup,
+            cgroup_missing=res.cgroup_missing,
+            seccomp=res.seccomp,
         )
 
 
@@ -264,7 +282,7 @@ class DockerSandbox:
 
     The container is named per job and removed after it, whatever happened: the ``docker run`` client is only a
     viewer, so the wall-clock limit kills the *container* (``docker rm -f``), not just the client. Before removal its
-    state says whether the memory cgroup killed it (``OOMKilled``), which the output then names.
+    state says whether the memory cgroup killed it (``OOMKilled``): ``limits_hit`` names it as the bwrap backend's.
     """
 
     name = "docker"
@@ -358,9 +376,8 @@ class DockerSandbox:
             finally:
                 oom = self._remove(container)
         if oom:
-            res.output += (
-                f"\n>>>>> floe: killed by the memory limit (docker --memory {job.limits.address_space_bytes})\n"
-            )
+            # The container's memory cgroup killed it: named like the bwrap backend's cgroup limit.
+            res.limits_hit = (sandbox.LimitHit("memory", "docker --memory", job.limits.address_space_bytes),)
         return res
 
     def _remove(self, container: str) -> bool:
@@ -391,6 +408,8 @@ echo uid=$(id -u)
 if echo x > /usr/floe-probe 2>/dev/null; then echo usr_writable; fi
 if ( exec 3<>/dev/tcp/192.0.2.1/80 ) 2>/dev/null; then echo net_reachable; fi
 if [ -e /root ] && ls /root >/dev/null 2>&1; then echo root_home_visible; fi
+while read -r key value; do if [ "$key" = Seccomp: ] && [ "$value" = 2 ]; then echo seccomp_filtered; fi; done \
+  </proc/self/status
 echo probe_done
 """
 
@@ -411,7 +430,10 @@ def probe_docker(docker: str = "docker") -> ProbeResult:
 
 
 def probe_bwrap(sandbox: BwrapSandbox, work_dir: Path) -> ProbeResult:
-    """Run a probe script through the full recipe and check what isolation actually holds."""
+    """Run a probe script through the full recipe and check what isolation actually holds.
+
+    Level A needs every check but ``cgroup_limits``: without cgroups the job still runs isolated, its memory and
+    process count capped by rlimits only, and ``detail`` says so (as does the log line)."""
     if shutil.which("bwrap") is None:
         return ProbeResult("C", {"bwrap_installed": False}, "bwrap is not installed (apt-get install bubblewrap)")
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -430,8 +452,17 @@ def probe_bwrap(sandbox: BwrapSandbox, work_dir: Path) -> ProbeResult:
         "system_read_only": "usr_writable" not in out,
         "network_unreachable": "net_reachable" not in out,
         "host_home_hidden": "root_home_visible" not in out,
+        "seccomp_filter": "seccomp_filtered" in out,  # seen from inside: /proc/self/status says "Seccomp: 2"
+        "cgroup_limits": res.cgroup is not None,
     }
-    level = "A" if all(checks.values()) else "C"
-    detail = "full bwrap recipe works" if level == "A" else f"probe failed: {out.strip()[-400:]}"
-    log.info("sandbox probe", level=level, checks=checks, python=sys.executable)
+    level = "A" if all(ok for name, ok in checks.items() if name != "cgroup_limits") else "C"
+    if level != "A":
+        detail = f"probe failed: {out.strip()[-400:]}"
+    else:
+        detail = "full bwrap recipe works; seccomp filter in force; " + (
+            f"cgroup limits in force ({res.cgroup})"
+            if res.cgroup is not None
+            else f"no cgroup limits ({res.cgroup_missing}): memory capped by RLIMIT_AS, processes by RLIMIT_NPROC only"
+        )
+    log.info("sandbox probe", level=level, checks=checks, detail=detail, python=sys.executable)
     return ProbeResult(level, checks, detail)

@@ -37,15 +37,22 @@ class ScorerSettings(BaseSettings):
     # limits per grading job
     timeout_s: float = Field(default=300.0, gt=0, description="wall-clock limit per instance")
     cpu_s: int = 120
-    memory_bytes: int = 4 * 1024**3
-    nproc: int = 256
+    memory_bytes: int = Field(
+        default=2 * 1024**3, description="memory of a whole job (cgroup: RAM + swap, its tmpfs pages included)"
+    )
+    address_space_bytes: int | None = Field(
+        default=None,
+        description="RLIMIT_AS per process (default twice memory_bytes: a backstop that leaves the cgroup to fire)",
+    )
+    nproc: int = Field(default=256, description="processes and threads of a job (cgroup pids.max, RLIMIT_NPROC)")
     fsize_bytes: int = 64 * 1024**2
     testbed_bytes: int = 256 * 1024**2
 
     def limits(self) -> Limits:
         return Limits(
             cpu_s=self.cpu_s,
-            address_space_bytes=self.memory_bytes,
+            memory_bytes=self.memory_bytes,
+            address_space_bytes=self.address_space_bytes or 2 * self.memory_bytes,
             nproc=self.nproc,
             fsize_bytes=self.fsize_bytes,
             testbed_bytes=self.testbed_bytes,

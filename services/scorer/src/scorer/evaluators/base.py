@@ -16,6 +16,7 @@ from typing import Protocol
 
 from contracts import Outcome
 from floe_tasks import Task, TaskError
+from sandbox import LimitHit
 
 __all__ = ["EvalRunner", "Evaluator", "GradeResult", "SandboxRun", "materialize_problems"]
 
@@ -61,6 +62,7 @@ class SandboxRun:
     wall_s: float  # the wall-clock limit it ran under
     isolation: str
     timings_ms: dict[str, float]
+    limits_hit: tuple[LimitHit, ...] = ()  # the sandbox's limits that fired, most telling first (bwrap backend)
 
 
 class EvalRunner(Protocol):

@@ -4,7 +4,8 @@ Outcomes (``contracts.Outcome``):
 
 - ``resolved`` (reward 1): every FAIL_TO_PASS and PASS_TO_PASS test passes.
 - ``unresolved`` (reward 0): anything the diff is responsible for: empty, too large, does not apply, tests fail,
-  no parseable results (e.g. ``os._exit`` at import), forged results, CPU or wall-clock limit hit.
+  no parseable results (e.g. ``os._exit`` at import), forged results, a CPU, memory, process-count, file-size or
+  wall-clock limit hit (the reason names it: ``SandboxRun.limits_hit``, or the signal in the recorded exit code).
 - ``error`` (reward 0, masked by training): the sandbox did not start (the grader adds: task or snapshot missing,
   an unexpected exception).
 
@@ -20,9 +21,11 @@ from __future__ import annotations
 
 import signal
 import time
+from collections.abc import Sequence
 
 from contracts import Outcome
 from floe_tasks import Task, patch_files
+from sandbox import LimitHit
 from scorer.evalscript import APPLIED_PREFIX, SANDBOX_UP
 from scorer.evaluators.base import EvalRunner, GradeResult, materialize_problems
 from scorer.grading import APPLY_FAILED, TESTS_TIMED_OUT, get_eval_report, recorded_exit_code
@@ -73,15 +76,21 @@ class SwebenchEvaluator:
         t = time.monotonic()
         report = get_eval_report(out, task.FAIL_TO_PASS, task.PASS_TO_PASS)
         timings["grade"] = round((time.monotonic() - t) * 1000, 1)
+        # The sandbox's limits that fired (cgroup memory/pids, rlimits, wall clock), for the reason: a run cut short
+        # by one is the diff's failure like any other (reward 0), and the reason says which.
+        hits = [hit for hit in res.limits_hit if hit.kind != "wall-clock"]
         if res.timed_out:
-            reason = f"tests timed out after {res.wall_s:g}s"
+            reason = f"tests timed out after {res.wall_s:g}s{_fired(hits)}"
         elif APPLY_FAILED in out:
             reason = "patch did not apply"
         elif not report.found and res.returncode is not None and res.returncode < 0:
-            reason = f"killed by signal {-res.returncode} ({report.reason})"
-        elif (killed := _killed_by(recorded_exit_code(out))) is not None:
+            reason = f"killed by signal {-res.returncode} ({report.reason}){_fired(hits)}"
+        elif (killed := _killed_by(recorded_exit_code(out), hits)) is not None:
             # The test command died of a signal (bash reports 128+N): say which limit fired, not only "no results".
-            reason = f"{report.reason}; the test run was killed by {killed}"
+            text, named = killed
+            reason = f"{report.reason}; {text}{_fired([h for h in hits if h is not named])}"
+        elif not report.resolved:
+            reason = f"{report.reason}{_fired(hits)}"
         else:
             reason = report.reason
         return GradeResult(
@@ -145,13 +154,25 @@ _LIMIT_SIGNALS = {
 }
 
 
-def _killed_by(code: int | None) -> str | None:
-    """``"SIGXCPU: the CPU-time limit (RLIMIT_CPU)"`` for a test exit code of 128+N, else None."""
+def _killed_by(code: int | None, hits: Sequence[LimitHit] = ()) -> tuple[str, LimitHit | None] | None:
+    """For a test exit code of 128+N, what killed the test run, and the sandbox limit that says so (if one does):
+    ``the test run was killed: memory limit (cgroup, 2.0 GiB)`` for a SIGKILL while the cgroup's OOM killer fired,
+    ``the test run was killed by SIGXCPU: the CPU-time limit (RLIMIT_CPU)``; None for any other exit code."""
     if code is None or not 128 < code < 128 + 65:
         return None
     try:
         sig = signal.Signals(code - 128)
     except ValueError:
-        return f"signal {code - 128}"
+        return f"the test run was killed by signal {code - 128}", None
+    memory = next((hit for hit in hits if hit.kind == "memory"), None)
+    if sig is signal.SIGKILL and memory is not None:
+        return f"the test run was killed: {memory.describe()}", memory
     limit = _LIMIT_SIGNALS.get(sig)
-    return f"{sig.name}: {limit}" if limit else sig.name
+    return f"the test run was killed by {sig.name}{': ' + limit if limit else ''}", None
+
+
+def _fired(hits: Sequence[LimitHit]) -> str:
+    """``; the process-count limit (cgroup, 64) fired``, or "" when no limit did."""
+    if not hits:
+        return ""
+    return "; the " + " and the ".join(hit.describe() for hit in hits) + " fired"
