@@ -271,13 +271,17 @@ class SandboxProcess:
     async def kill(self) -> None:
         """SIGKILL the whole tree, return once the pid namespace is gone, and release what the launcher made (the
         bridge, a temporary run directory). Safe to call twice, and after a failed ``start``."""
-        self.cut_lifeline()
         proc = self._proc
+        running = proc is not None and proc.returncode is None
+        if proc is not None and running:
+            # SIGKILL before the lifeline is cut: cut first, the launcher's helper could end the program a moment
+            # earlier and bwrap would exit 137 ("its program was killed") instead of dying of our signal (-9).
+            self.killed = True
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        self.cut_lifeline()
         if proc is not None:
-            if proc.returncode is None:
-                self.killed = True
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
+            if running:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(proc.wait(), timeout=10.0)
             if self._ended is None:
