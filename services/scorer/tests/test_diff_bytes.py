@@ -83,7 +83,10 @@ def test_a_diff_of_a_latin1_file_is_applied_byte_for_byte(
     diff.write_bytes(fix)
     code = main(["--task", "me__words-1", "--diff", str(diff), "--task-source", str(tasks), "--json"])
     out = capsys.readouterr().out
-    report = json.loads(out[out.index("\n{") :])  # after the service's log lines
+    # The report is printed with indent=2, so it starts at a line of its own that is just "{";
+    # log lines may come before it on stdout or go to stderr, depending on how logging was set up.
+    lines = out.splitlines()
+    report = json.loads("\n".join(lines[lines.index("{") :]))
     assert code == 0, report
     assert report["outcome"] == "resolved"
     assert report["tests"] == {
