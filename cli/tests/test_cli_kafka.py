@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -162,6 +163,31 @@ def test_replay_prints_decoded_events_by_offset_time_and_partition(
             return got
 
     assert sorted(asyncio.run(consume())) == [f"s-{i:03d}" for i in range(6)]
+
+
+def test_topics_create_sizes_the_session_keyed_topics_and_never_repartitions(
+    kafka_settings: KafkaSettings, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tag = uuid.uuid4().hex[:10]
+    calls, batches = f"floe.model-calls.{tag}", f"floe.trajectory-batches.{tag}"
+    boot = ["topics", "--bootstrap", kafka_settings.bootstrap_servers]
+    assert main([*boot, "create", "--partitions", "12", calls, batches]) == 0
+    out = capsys.readouterr().out
+    assert f"{calls}\tcreated\t12 partitions" in out
+    assert f"{batches}\tcreated\t1 partitions" in out  # the learner reads batches in order: one partition
+    assert main([*boot, "describe", "--json", calls, batches]) == 0
+    rows = {r["topic"]: r["partitions"] for r in map(json.loads, capsys.readouterr().out.splitlines())}
+    assert rows == {calls: 12, batches: 1}
+    # The same count again is fine; another count is refused and changes nothing.
+    assert main([*boot, "create", "--partitions", "12", calls]) == 0
+    assert f"{calls}\texists\t12 partitions" in capsys.readouterr().out
+    assert main([*boot, "create", "--partitions", "16", calls]) == 1
+    assert "exists with 12 partitions, not 16" in capsys.readouterr().err
+    assert main([*boot, "create", calls]) == 0  # without --partitions an existing topic is taken as it is
+    assert main([*boot, "describe", "--json", calls]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["partitions"] == 12
+    assert main([*boot, "create", "--partitions", "0", calls]) == 2
+    assert main([*boot, "create", "floe.nope"]) == 2
 
 
 def test_topics_describe_against_the_session_broker(
