@@ -21,6 +21,8 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed import PrefixStore  # type: ignore[attr-defined]  # public, not in the stubs
+from torch.distributed.rendezvous import rendezvous
 
 __all__ = [
     "DistInfo",
@@ -65,9 +67,18 @@ def init_distributed(device: str = "auto") -> DistInfo:
         torch.cuda.set_device(dev)
     if world > 1 and not dist.is_initialized():
         # Long timeout: rank 0 may wait minutes on Kafka for the next batch while the others block in a broadcast.
+        timeout = datetime.timedelta(hours=2)
+        store, _, _ = next(rendezvous("env://", rank, world, timeout=timeout))
+        # torchrun's agent keeps one TCP store for all restarts of the worker group, and the process group's keys
+        # name no attempt: after a rank died, a restarted rank could read the dead rank's address from the last
+        # attempt and fail to connect (seen in tests/e2e/test_scale_out.py). One key prefix per attempt.
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         dist.init_process_group(
             backend="nccl" if use_cuda else "gloo",
-            timeout=datetime.timedelta(hours=2),
+            store=PrefixStore(f"floe/attempt-{attempt}", store),
+            rank=rank,
+            world_size=world,
+            timeout=timeout,
             device_id=dev if use_cuda else None,
         )
     return DistInfo(rank=rank, world_size=world, local_rank=local, device=dev)
