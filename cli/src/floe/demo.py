@@ -134,6 +134,16 @@ class DemoConfig:
     # place of the workload's, and its held-out set. A user's set has no held-out set unless ``eval_tasks`` is given.
     tasks: str | None = None
     eval_tasks: str | None = None
+    # Instances over the one broker (docs/scaling.md): gateway nodes share the session requests' partitions, scorers
+    # the finished sessions', and the learner runs that many torchrun ranks (gloo on CPU).
+    gateway_nodes: int = 1
+    scorers: int = 1
+    learner_ranks: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("gateway_nodes", "scorers", "learner_ranks"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name.replace('_', ' ')} must be at least 1")
 
     @property
     def task_source(self) -> str:
@@ -254,6 +264,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument(
         "--threads", type=int, default=None, help="torch threads of the engine and of the learner, each (default 1)"
     )
+    p.add_argument("--gateway-nodes", type=int, default=None, help="gateway nodes (default 1)")
+    p.add_argument("--scorers", type=int, default=None, help="scorer instances (default 1)")
+    p.add_argument("--learner-ranks", type=int, default=None, help="learner ranks under torchrun (default 1)")
     p.add_argument("--timeout", type=float, default=None, help="give up after this many seconds")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--no-dashboard", action="store_true")
@@ -284,6 +297,9 @@ def run(args: argparse.Namespace) -> int:
             seed=args.seed,
             tasks=args.tasks,
             eval_tasks=args.eval_tasks,
+            gateway_nodes=args.gateway_nodes,
+            scorers=args.scorers,
+            learner_ranks=args.learner_ranks,
             dashboard=not args.no_dashboard,
             run_dir=Path(args.run_dir).resolve()
             if args.run_dir
@@ -315,7 +331,8 @@ class Demo:
         self.env_overrides = env_overrides or {}  # service name -> extra env (tests: shorter deadlines, …)
         self.run_dir = cfg.run_dir
         self.broker = LocalBroker.at(self.run_dir / "kafka")
-        self.ports = {name: free_port() for name in ("inference", "gateway", "rollout", "dashboard")}
+        names = ["inference", *self.gateway_names(), "rollout", "dashboard"]
+        self.ports = {name: free_port() for name in names}
         self.kafka = KafkaSettings()
         self.stack: Stack | None = None
         self.model_dir = self.run_dir / "model"
@@ -350,11 +367,12 @@ class Demo:
         # Everything but the gateway starts at once (each loads torch or a model; they only meet over Kafka); the
         # gateway waits for the engine it proxies. Readiness is awaited in order, so a failure names its service.
         specs = [spec for spec in self.services() if only is None or spec.name in only]
+        gateways = set(self.gateway_names())
         for spec in specs:
-            if spec.name != "gateway":
+            if spec.name not in gateways:
                 self.stack.start(spec, wait=False)
         for spec in specs:
-            if spec.name == "gateway":
+            if spec.name in gateways:
                 self.stack.start(spec)
             else:
                 self.stack.wait_ready(spec.name)
@@ -502,6 +520,30 @@ class Demo:
             )
         return runs
 
+    @staticmethod
+    def instance_names(kind: str, n: int) -> list[str]:
+        """``kind`` for the first instance (as in a one-instance run), then ``kind-2``, ``kind-3``..."""
+        return [kind if i == 0 else f"{kind}-{i + 1}" for i in range(n)]
+
+    def gateway_names(self) -> list[str]:
+        return self.instance_names("gateway", self.cfg.gateway_nodes)
+
+    def learner_argv(self) -> list[str]:
+        if self.cfg.learner_ranks == 1:
+            return python_module("learner")
+        # torchrun's agent restarts the whole worker group when a rank dies (DDP cannot go on without it); the ranks
+        # resume from the last checkpoint and the ledger skips a batch trained before the crash.
+        return python_module(
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            str(self.cfg.learner_ranks),
+            "--max-restarts",
+            "3",
+            "-m",
+            "learner",
+        )
+
     def services(self) -> list[ServiceSpec]:
         cfg, run, ports = self.cfg, self.run_dir, self.ports
         runs = self.run_specs()
@@ -526,28 +568,39 @@ class Demo:
                 },
                 ready_url=f"http://127.0.0.1:{ports['inference']}/health",
             ),
-            ServiceSpec(
-                "gateway",
-                python_module("sessions"),  # a gateway node: the proxy and the session runner in one process
-                {
-                    "FLOE_GATEWAY_PORT": str(ports["gateway"]),
-                    "FLOE_GATEWAY_ENGINE_URLS": json.dumps([f"http://127.0.0.1:{ports['inference']}"]),
-                    "FLOE_GATEWAY_SESSIONS_WORK_ROOT": str(self.sandbox_root / "sessions"),
-                    "FLOE_GATEWAY_SESSIONS_NODE_ID": "demo-node-1",
-                    # One-call answer agents mostly wait on the engine: more at once means bigger decode batches.
-                    "FLOE_GATEWAY_SESSIONS_MAX_RUNNING": "4" if cfg.workload == "swe" else "8",
-                    "FLOE_GATEWAY_SESSIONS_MAX_PREPARING": "4",
-                },
-                ready_url=f"http://127.0.0.1:{ports['gateway']}/health",
+            *(
+                ServiceSpec(
+                    name,
+                    python_module("sessions"),  # a gateway node: the proxy and the session runner in one process
+                    {
+                        "FLOE_GATEWAY_PORT": str(ports[name]),
+                        "FLOE_GATEWAY_ENGINE_URLS": json.dumps([f"http://127.0.0.1:{ports['inference']}"]),
+                        "FLOE_GATEWAY_SESSIONS_WORK_ROOT": str(self.sandbox_root / name.replace("gateway", "sessions")),
+                        "FLOE_GATEWAY_SESSIONS_NODE_ID": f"demo-node-{i + 1}",
+                        # One-call answer agents mostly wait on the engine: more at once means bigger decode batches.
+                        "FLOE_GATEWAY_SESSIONS_MAX_RUNNING": "4" if cfg.workload == "swe" else "8",
+                        "FLOE_GATEWAY_SESSIONS_MAX_PREPARING": "4",
+                    },
+                    ready_url=f"http://127.0.0.1:{ports[name]}/health",
+                )
+                for i, name in enumerate(self.gateway_names())
             ),
-            ServiceSpec(
-                "scorer",
-                python_module("scorer"),
-                {"FLOE_SCORER_WORK_DIR": str(self.sandbox_root / "scorer")},
+            *(
+                ServiceSpec(
+                    name,
+                    python_module("scorer"),
+                    {
+                        "FLOE_SCORER_WORK_DIR": str(self.sandbox_root / name),
+                        # Stable per instance (it fences a crashed incarnation) and distinct between instances:
+                        # the default, scorer-<hostname>, would make two scorers on one host fence each other.
+                        "FLOE_SCORER_TRANSACTIONAL_ID": f"demo-{name}",
+                    },
+                )
+                for name in self.instance_names("scorer", cfg.scorers)
             ),
             ServiceSpec(
                 "learner",
-                python_module("learner"),
+                self.learner_argv(),
                 {
                     **threads,
                     "FLOE_LEARNER_MODEL_DIR": str(self.model_dir),
