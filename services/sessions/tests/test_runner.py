@@ -283,3 +283,63 @@ async def test_concurrent_sessions_share_nothing(node: tuple[SessionNode, EventL
         assert f"+{i}\n" in f.diff and f.diff.count("mine.txt") >= 1
         assert f.stdout_tail.split()[0] == "agent"  # /home holds only this sandbox's HOME
     assert json.dumps([f.diff for f in results]).count("mine.txt") >= 4
+
+
+@pytest.fixture(scope="module")
+def cgroups() -> None:
+    """Skip a test that needs the cgroup limits where this machine has none (the rlimits still hold there)."""
+    from sandbox.cgroup import Cgroup, CgroupUnavailable
+
+    try:
+        Cgroup.create(memory_bytes=64 * 1024**2, pids=8).remove()
+    except CgroupUnavailable as exc:
+        pytest.skip(f"no cgroup limits here: {exc}")
+
+
+@pytest.fixture
+async def capped_node(
+    cgroups: None, settings: SessionSettings, gateway: GatewayUnderTest
+) -> AsyncIterator[tuple[SessionNode, EventLog]]:
+    log = EventLog()
+    capped = settings.model_copy(update={"memory_mb": 128, "pids": 48})
+    node = SessionNode(capped, kafka=None, gateway=gateway.link)  # type: ignore[arg-type]
+    node.start_local(log)
+    yield node, log
+    await node.shutdown()
+
+
+async def test_a_memory_bomb_ends_its_own_session_and_names_the_limit(
+    capped_node: tuple[SessionNode, EventLog], taskset: LocalTaskSet
+) -> None:
+    n, _ = capped_node
+    hog = "exec python3 -c 'b = []\nwhile True: b.append(bytearray(16 << 20))'"
+    finished = await run(n, request(taskset, metadata={"command": "echo x > x.txt; " + hog}))
+    assert finished.status is SessionState.FAILED
+    assert finished.reason == "harness command crashed (signal 9); the memory limit (cgroup, 128.0 MiB) fired"
+    assert "+x" in finished.diff  # the workspace is still diffed
+    # The node is unharmed: the next session runs normally.
+    after = await run(n, request(taskset, metadata={"command": "echo fine"}))
+    assert after.status is SessionState.DONE, after.reason
+
+
+async def test_a_fork_bomb_ends_its_own_session_and_names_the_limit(
+    capped_node: tuple[SessionNode, EventLog], taskset: LocalTaskSet
+) -> None:
+    n, _ = capped_node
+    bomb = (
+        "python3 - <<'PY'\n"
+        "import os, sys, time\n"
+        "try:\n"
+        "    while True:\n"
+        "        if os.fork() == 0:\n"
+        "            time.sleep(2)\n"
+        "            os._exit(0)\n"
+        "except OSError:\n"
+        "    sys.exit(3)\n"
+        "PY"
+    )
+    finished = await run(n, request(taskset, metadata={"command": bomb}))
+    assert finished.status is SessionState.FAILED
+    assert finished.reason == "harness command exited with code 3; the process-count limit (cgroup, 48) fired"
+    after = await run(n, request(taskset, metadata={"command": "echo fine"}))
+    assert after.status is SessionState.DONE, after.reason

@@ -77,6 +77,8 @@ def session_spec(
             nproc=s.rlimit_nproc,
             fsize_bytes=s.rlimit_fsize_mb * MIB,
             address_space_bytes=s.rlimit_as_mb * MIB if s.rlimit_as_mb is not None else None,
+            memory_bytes=s.memory_mb * MIB if s.memory_mb is not None else None,
+            pids=s.pids,
         ),
         network=network,
         bridge=Bridge(port=s.inner_gateway_port, upstream=gateway) if gateway is not None else None,

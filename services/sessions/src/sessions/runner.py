@@ -103,6 +103,7 @@ class _Run:
     stderr: str = ""
     diff: str = ""
     agent_timed_out: bool = False
+    limit: str | None = None  # the sandbox limit that fired, for a person ("memory limit (cgroup, 4.0 GiB)")
     cancel_reason: str | None = None
     timings: dict[str, float] = field(default_factory=dict)
     marks: dict[str, float] = field(default_factory=dict)
@@ -235,12 +236,13 @@ class SessionRunner:
         code = run.exit_code
         if code in preset.success_exit_codes:
             return SessionState.DONE, None
+        fired = f"; the {run.limit} fired" if run.limit else ""
         if code is not None and (code < 0 or code > 128):
             signum = -code if code < 0 else code - 128
-            return SessionState.FAILED, f"harness {preset.name} crashed (signal {signum})"
+            return SessionState.FAILED, f"harness {preset.name} crashed (signal {signum}){fired}"
         if stats.turns > 0 and stats.failed == 0:
             return SessionState.DONE, f"harness {preset.name} exited with code {code} after {stats.turns} clean call(s)"
-        reason = f"harness {preset.name} exited with code {code}"
+        reason = f"harness {preset.name} exited with code {code}{fired}"
         if stats.failed:
             # Say why the gateway refused calls: e.g. a prompt longer than the model's context is no harness bug.
             reason += f"; the gateway refused {stats.failed} call(s), the last: {stats.last_error or 'unknown error'}"
@@ -322,9 +324,11 @@ class SessionRunner:
         except TimeoutError:
             run.agent_timed_out = True
             await proc.kill()
+        await proc.kill()  # the harness may have left children behind: tear the namespace down now
+        # After the kill: the cgroup's counters (an OOM kill, a refused fork) are read when the sandbox is torn down.
         result = proc.result(run.exit_code)
         run.stdout, run.stderr = result.stdout_text, result.stderr_text
-        await proc.kill()  # the harness may have left children behind: tear the namespace down now
+        run.limit = result.limits_hit[0].describe() if result.limits_hit else None
 
     # --------------------------------------------------------------------------------------------- cleanup
 

@@ -70,6 +70,12 @@ class SessionSettings(BaseSettings):
     rlimit_fsize_mb: int = Field(default=2048, ge=1, description="largest file the harness may write")
     rlimit_as_mb: int | None = Field(default=None, description="address space; off: node and Bun reserve a lot")
     tmp_size_mb: int = Field(default=1024, ge=1)
+    # Whole-sandbox caps through a cgroup of the session's own (sandbox.cgroup), where the machine has the
+    # controllers: an agent's fork bomb or runaway test must end its own session, not take the node with it.
+    memory_mb: int | None = Field(
+        default=4096, ge=16, description="RAM + swap + tmpfs pages of the whole session sandbox; None: off"
+    )
+    pids: int | None = Field(default=1024, ge=16, description="processes + threads of the whole session; None: off")
 
     # Output capture: only the tail is kept, however much the harness prints.
     output_tail_bytes: int = Field(default=64 * 1024, ge=1024)
