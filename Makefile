@@ -57,7 +57,7 @@ typecheck: deps  ## mypy
 	$(PY) -m mypy $(SRC)
 
 test: bootstrap test-deps lint typecheck  ## lint, type-check and run every test (unit, integration, slow end-to-end)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest --durations=25 $(PYTEST_ARGS)
 
 test-fast: deps  ## the fast tests only (skips tests marked slow)
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
