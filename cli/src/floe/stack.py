@@ -123,29 +123,21 @@ class Stack:
             os.killpg(running.proc.pid, signal.SIGKILL)
 
     def stop_all(self, timeout_s: float = 20.0) -> None:
-        """SIGTERM every service (last started first), then wait for all of them against one deadline.
+        """Stop every service, last started first, each with ``timeout_s`` to drain before SIGKILL.
 
-        In parallel, so a shutdown costs the slowest service's drain rather than the sum of them; whatever is still
-        running at the deadline gets SIGKILL. Each service's log ends with how it stopped and how long it took.
+        One at a time on purpose: a gateway node drains its sessions while the engine it proxies is still up. (In
+        parallel, a node stopping beside its engine once hung past its deadline while starting a sandbox, and the
+        SIGKILL left that sandbox's bwrap behind: tests/e2e/test_fault_tolerance.py caught it.) Each service's log
+        ends with how it stopped and how long it took.
         """
-        started = time.monotonic()
-        names = [n for n in reversed(list(self._running)) if self._running[n].proc.poll() is None]
-        for name in names:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self._running[name].proc.pid, signal.SIGTERM)
-        deadline = started + timeout_s
-        for name in names:
-            proc = self._running[name].proc
-            how = "SIGTERM"
-            try:
-                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                how = "SIGKILL after SIGTERM timed out"
-                self.kill(name)
-            # The group may still hold children that ignored SIGTERM (a harness, say): make sure they are gone.
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            with self._running[name].log_path.open("ab") as log:
+        for name in reversed(list(self._running)):
+            running = self._running[name]
+            if running.proc.poll() is not None:
+                continue
+            started = time.monotonic()
+            self.stop(name, timeout_s)
+            how = "SIGTERM" if time.monotonic() - started < timeout_s else "SIGKILL after SIGTERM timed out"
+            with running.log_path.open("ab") as log:
                 log.write(f"===== stopped ({how}) in {time.monotonic() - started:.1f}s\n".encode())
 
     # ------------------------------------------------------------------------------------------------ queries
