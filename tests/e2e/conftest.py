@@ -1,4 +1,10 @@
-"""Fixtures the end-to-end tests share: a Docker engine for the compose and docker-grading tests.
+"""Fixtures the end-to-end tests share: a toy demo stack for the fault tests, a Docker engine for the compose and
+docker-grading tests.
+
+``toy_demo`` starts a toy ``floe demo`` stack (tiny model, no dashboard, the test decides when to stop) with the
+rollout's group deadline and cancel grace short enough that sessions on a killed node end within a test; at the end
+it stops everything and checks that no process of the run (a sandbox of a killed node, say) survived. The run
+directory is removed after a pass (``demo.passed = True``) unless ``FLOE_E2E_KEEP=1``.
 
 ``docker_engine`` starts dockerd when none answers (deploy/docker/dockerd.sh) once per test session, and stops it
 at the end, checking that the host is left as it was found (no engine processes, no docker0, forwarding and the
@@ -10,13 +16,61 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from floe.demo import Demo, DemoConfig
+
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "deploy" / "docker"
+
+GROUP_DEADLINE_S = 30  # cancels the sessions that died with a gateway node ...
+CANCEL_GRACE_S = 10  # ... and this long after the cancel the rollout ends them itself (masked rows)
+
+
+@pytest.fixture
+def toy_demo() -> Iterator[Callable[..., Demo]]:
+    """``toy_demo(prefix, **config)``: a running toy demo stack; stopped and checked at the end of the test."""
+    started: list[tuple[Demo, Path]] = []
+
+    def start(prefix: str, **config: Any) -> Demo:
+        # Not pytest's tmp_path: /tmp/pytest-of-<user> is 0700, and the scorer's sandbox runs each grading job as an
+        # unprivileged uid that must be able to reach its work directory under the run directory.
+        run_dir = Path(tempfile.mkdtemp(prefix=prefix))
+        run_dir.chmod(0o755)
+        cfg = DemoConfig.for_model(
+            "tiny", steps=1000, group_size=4, groups_per_step=2, dashboard=False, run_dir=run_dir, timeout_s=600,
+            **config,
+        )  # fmt: skip
+        rollout = {
+            "FLOE_ROLLOUT_GROUP_DEADLINE_S": str(GROUP_DEADLINE_S),
+            "FLOE_ROLLOUT_CANCEL_GRACE_S": str(CANCEL_GRACE_S),
+        }
+        d = Demo(cfg, env_overrides={"rollout": rollout})
+        d.passed = False  # type: ignore[attr-defined]
+        started.append((d, run_dir))
+        d.up()
+        return d
+
+    try:
+        yield start
+    finally:
+        for d, _ in started:
+            d.down()
+    for d, run_dir in started:
+        # Nodes were killed mid-session and stopped while starting sessions: no sandbox may outlive them.
+        leftovers = subprocess.run(
+            ["pgrep", "-a", "-f", f"{run_dir}|{d.sandbox_root}"], capture_output=True, text=True
+        ).stdout.splitlines()
+        assert not leftovers, "processes of the run survived:\n" + "\n".join(leftovers)
+        if d.passed and not os.environ.get("FLOE_E2E_KEEP"):  # type: ignore[attr-defined]
+            shutil.rmtree(run_dir, ignore_errors=True)
+        else:
+            print(f"run directory kept: {run_dir}")
 
 
 def _run(argv: list[str], env: dict[str, str], timeout: float, check: bool = True) -> subprocess.CompletedProcess[str]:

@@ -13,13 +13,8 @@ directory (logs, broker data) is kept; ``FLOE_E2E_KEEP=1`` keeps it after a pass
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import tempfile
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 
@@ -28,12 +23,10 @@ from eventbus import EventBusError, KafkaSettings
 from eventbus.replay import replay
 from eventbus.testing import newest_weight_version
 from floe.audit import AuditReport, audit
-from floe.demo import Demo, DemoConfig
+from floe.demo import Demo
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-GROUP_DEADLINE_S = 30  # cancels the sessions that died with the gateway node ...
-CANCEL_GRACE_S = 10  # ... and this long after the cancel the rollout ends them itself (masked rows)
 STEP_TIMEOUT_S = 150.0  # per wait for training progress (a restart + a step, on a busy 2-core machine)
 
 
@@ -118,42 +111,8 @@ def _groups_requested_before(kafka: KafkaSettings, at_ms: int) -> set[str]:
 
 
 @pytest.fixture
-def demo() -> Iterator[Demo]:
-    # Not pytest's tmp_path: /tmp/pytest-of-<user> is 0700, and the scorer's sandbox runs each grading job as an
-    # unprivileged uid that must be able to reach its work directory under the run directory.
-    run_dir = Path(tempfile.mkdtemp(prefix="floe-e2e-"))
-    run_dir.chmod(0o755)
-    cfg = DemoConfig.for_model(
-        "tiny",
-        steps=1000,  # the test decides when to stop
-        group_size=4,
-        groups_per_step=2,
-        dashboard=False,
-        run_dir=run_dir,
-        timeout_s=600,
-    )
-    overrides = {
-        "rollout": {
-            "FLOE_ROLLOUT_GROUP_DEADLINE_S": str(GROUP_DEADLINE_S),
-            "FLOE_ROLLOUT_CANCEL_GRACE_S": str(CANCEL_GRACE_S),
-        }
-    }
-    d = Demo(cfg, env_overrides=overrides)
-    d.passed = False  # type: ignore[attr-defined]
-    try:
-        d.up()
-        yield d
-    finally:
-        d.down()
-    # Nodes were killed mid-session and stopped while starting sessions: no sandbox may outlive them.
-    leftovers = subprocess.run(
-        ["pgrep", "-a", "-f", f"{run_dir}|{d.sandbox_root}"], capture_output=True, text=True
-    ).stdout.splitlines()
-    assert not leftovers, "processes of the run survived:\n" + "\n".join(leftovers)
-    if d.passed and not os.environ.get("FLOE_E2E_KEEP"):  # type: ignore[attr-defined]
-        shutil.rmtree(run_dir, ignore_errors=True)
-    else:
-        print(f"run directory kept: {run_dir}")
+def demo(toy_demo: Callable[..., Demo]) -> Demo:
+    return toy_demo("floe-e2e-")
 
 
 def test_training_survives_crashes_and_topics_stay_exact(demo: Demo) -> None:

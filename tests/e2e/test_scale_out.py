@@ -20,12 +20,9 @@ sharded yet (docs/scaling.md). The run directory is kept on a failure (``FLOE_E2
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import subprocess
-import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -35,12 +32,10 @@ from eventbus import EventBusError, KafkaSettings
 from eventbus.replay import replay
 from eventbus.testing import newest_weight_version
 from floe.audit import AuditReport, audit
-from floe.demo import Demo, DemoConfig
+from floe.demo import Demo
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.scale]
 
-GROUP_DEADLINE_S = 30  # ends the sessions that died with gateway node 2 ...
-CANCEL_GRACE_S = 10  # ... this long after their cancel (masked rows)
 STEP_TIMEOUT_S = 180.0  # per wait for training progress: a restart and a step with every service doubled, on 2 cores
 
 
@@ -137,42 +132,8 @@ def _worker_of_rank(agent_pid: int, rank: int) -> int:
 
 
 @pytest.fixture
-def demo() -> Iterator[Demo]:
-    run_dir = Path(tempfile.mkdtemp(prefix="floe-e2e-scale-"))
-    run_dir.chmod(0o755)  # the sandboxes' unprivileged uid must reach its work directories
-    cfg = DemoConfig.for_model(
-        "tiny",
-        steps=1000,  # the test decides when to stop
-        group_size=4,
-        groups_per_step=2,
-        dashboard=False,
-        run_dir=run_dir,
-        timeout_s=600,
-        gateway_nodes=2,
-        scorers=2,
-        learner_ranks=2,
-    )
-    overrides = {
-        "rollout": {
-            "FLOE_ROLLOUT_GROUP_DEADLINE_S": str(GROUP_DEADLINE_S),
-            "FLOE_ROLLOUT_CANCEL_GRACE_S": str(CANCEL_GRACE_S),
-        }
-    }
-    d = Demo(cfg, env_overrides=overrides)
-    d.passed = False  # type: ignore[attr-defined]
-    try:
-        d.up()
-        yield d
-    finally:
-        d.down()
-    leftovers = subprocess.run(
-        ["pgrep", "-a", "-f", f"{run_dir}|{d.sandbox_root}"], capture_output=True, text=True
-    ).stdout.splitlines()
-    assert not leftovers, "processes of the run survived:\n" + "\n".join(leftovers)
-    if d.passed and not os.environ.get("FLOE_E2E_KEEP"):  # type: ignore[attr-defined]
-        shutil.rmtree(run_dir, ignore_errors=True)
-    else:
-        print(f"run directory kept: {run_dir}")
+def demo(toy_demo: Callable[..., Demo]) -> Demo:
+    return toy_demo("floe-e2e-scale-", gateway_nodes=2, scorers=2, learner_ranks=2)
 
 
 def test_two_of_everything_lose_one_each_and_topics_stay_exact(demo: Demo) -> None:
