@@ -157,8 +157,8 @@ async def publish(
         task = asyncio.ensure_future(producer.send(getattr(topics, name), event))
         pending.add(task)
         task.add_done_callback(pending.discard)
-        if name == "rewards":
-            last_sent[event.group_id] = time.monotonic()  # type: ignore[attr-defined]
+        if isinstance(event, RewardPublished):
+            last_sent[event.group_id] = time.monotonic()
         if len(pending) >= 2000:
             await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
         else:

@@ -8,13 +8,12 @@ from pathlib import Path
 from floe.stack import ServiceSpec, Stack
 
 POLITE = (
-    "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(0)); "
-    "print('re' + 'ady', flush=True); time.sleep(600)"
+    "import signal, sys; signal.signal(signal.SIGTERM, lambda *a: sys.exit(0)); "
+    "print('re' + 'ady', flush=True); signal.pause()"
 )
 # "ready" is split in the code so the log's start line (which echoes the argv) never reads as ready.
 STUBBORN = (
-    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-    "print('re' + 'ady', flush=True); time.sleep(600)"
+    "import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('re' + 'ady', flush=True); signal.pause()"
 )
 
 

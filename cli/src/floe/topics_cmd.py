@@ -69,12 +69,10 @@ def _create(settings: Any, names: list[str], partitions: int | None) -> int:
         print("floe topics create: --partitions must be at least 1", file=sys.stderr)
         return 2
     try:
-        chosen = [sized(resolve_topic(n), partitions) for n in names] if names else list(TOPICS)
+        chosen = [sized(t, partitions) for t in ([resolve_topic(n) for n in names] if names else TOPICS)]
     except KeyError as exc:
         print(f"floe topics create: {exc.args[0]}", file=sys.stderr)
         return 2
-    if not names:
-        chosen = [sized(t, partitions) for t in chosen]
     existing = set(list_topics(settings))
     present = {i.name: i.partitions for i in describe_topics(settings, [t.name for t in chosen if t.name in existing])}
     # Without --partitions an existing topic is fine as it is (an operator may have sized it before).
