@@ -15,6 +15,8 @@ import os
 import platform
 import re
 import shutil
+import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -369,12 +371,22 @@ def test_a_stale_cgroup_is_swept(tmp_path: Path) -> None:
     for d in (stale, young, ours):
         d.mkdir()
     old = time.time() - 3600
+    # what a dead caller's sandbox left running in its cgroup (its watcher killed too) is killed by the sweep
+    orphan = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    (stale / "cgroup.procs").write_text(str(orphan.pid))
     os.utime(stale, (old, old))
     os.utime(ours, (old, old))
     try:
-        assert sweep_stale(force=True) >= 1
-        assert not stale.exists() and young.exists() and ours.exists()
+        sweep_stale(force=True)
+        assert orphan.wait(timeout=5) == -signal.SIGKILL
+        if stale.exists():  # the kill is not instant: the next sweep removes it once its member has left
+            sweep_stale(force=True)
+        assert not stale.exists()
+        assert young.exists() and ours.exists()
     finally:
+        if orphan.poll() is None:
+            orphan.kill()
+            orphan.wait()
         for d in (stale, young, ours):
             if d.exists():
                 d.rmdir()

@@ -65,10 +65,11 @@ def test_the_cgroup_join_comes_first_as_root() -> None:
     cg = Cgroup(1, Path("/cg/memory/floe/sbx-1-1"), Path("/cg/pids/floe/sbx-1-1"), 64 * 1024**2, 32)
     cg.dirs += [Path("/cg/memory/floe/sbx-1-1"), Path("/cg/pids/floe/sbx-1-1")]
     argv = build_command(spec(), Path("/r"), pinned={}, lifeline_fd=5, seccomp_fd=7, cgroup=cg)
-    # /bin/sh -c SCRIPT floe-cgroup-join PROCS... -- prlimit ...: it joins, then execs the rest of the chain
+    # /bin/sh -c SCRIPT floe-cgroup-join LIFELINE PROCS... -- prlimit ...: it leaves its watcher on the lifeline,
+    # joins, then execs the rest of the chain
     procs = ["/cg/memory/floe/sbx-1-1/cgroup.procs", "/cg/pids/floe/sbx-1-1/cgroup.procs"]
-    assert argv[:2] == ["/bin/sh", "-c"] and argv[3:7] == ["floe-cgroup-join", *procs, "--"]
-    assert argv[7].endswith("prlimit") and argv.index("--seccomp") > argv.index("--unshare-all")
+    assert argv[:2] == ["/bin/sh", "-c"] and argv[3:8] == ["floe-cgroup-join", "5", *procs, "--"]
+    assert argv[8].endswith("prlimit") and argv.index("--seccomp") > argv.index("--unshare-all")
     # the cgroup's pids.max must be the limit that fires, not RLIMIT_NPROC (default 256 here, above 32 + 16)
     assert "--nproc=256" in argv
     small = spec(limits=Limits(nproc=20))

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import fcntl
 import functools
 import os
 import pickle
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,6 +24,8 @@ from pathlib import Path
 import pytest
 
 from sandbox import SandboxProcess
+from sandbox.cgroup import Cgroup, CgroupUnavailable
+from sandbox.command import build_command
 
 from .conftest import Shape, daemon_script, live_pids
 
@@ -162,3 +167,85 @@ def _kill(pids: list[int]) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_a_namespace_init_bwrap_never_released_dies_with_the_lifeline(shape: Shape, scratch: Path, uid: int) -> None:
+    # The state a caller SIGKILLed in the middle of a sandbox start left behind in CI: bwrap, killed with its parent
+    # (--die-with-parent) after cloning the namespace's init and before releasing it, leaves that init blocked on
+    # bwrap's eventfd for good (no parent-death signal armed yet, reparented to the host's init, no launcher running
+    # to watch the lifeline). Made deterministic here: bwrap reports the init's pid into --info-fd before it releases
+    # it, so a full pipe there holds bwrap exactly in that window; then bwrap is killed, as the caller's death would.
+    spec = shape(scratch, uid, ["/bin/sleep", "600"], seccomp=False)
+    spec = dataclasses.replace(spec, limits=dataclasses.replace(spec.limits, pids=64))
+    try:
+        cg = Cgroup.create(memory_bytes=None, pids=64)
+    except CgroupUnavailable as exc:
+        pytest.fail(f"this test needs the pids cgroup controller: {exc}")
+    run_dir = SandboxProcess(spec)._run_dir()
+    info_r, info_w = os.pipe()
+    os.set_blocking(info_w, False)
+    with contextlib.suppress(BlockingIOError):
+        while True:
+            os.write(info_w, b"x" * 65536)
+    os.set_blocking(info_w, True)  # bwrap's write of the init's pid now blocks
+    life_r, life_w = os.pipe()
+    # at a two-digit fd, as in a service (a shell's <&N takes one digit: the watcher must not rely on it)
+    high = fcntl.fcntl(life_r, fcntl.F_DUPFD_CLOEXEC, 40)
+    os.close(life_r)
+    life_r = high
+    cmd = build_command(spec, run_dir, pinned={}, lifeline_fd=life_r, info_fd=info_w, cgroup=cg)
+    bwrap = subprocess.Popen(
+        cmd, pass_fds=[info_w, life_r], start_new_session=True, env=dict(spec.env), cwd="/",
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    os.close(life_r)
+    os.close(info_w)
+    init: int | None = None
+    try:
+        deadline = time.monotonic() + 10
+        while init is None and time.monotonic() < deadline:
+            with contextlib.suppress(OSError):
+                if _is_bwrap(bwrap.pid):
+                    # its children: the cgroup's watcher (forked before the exec) and, once cloned, the init
+                    children = Path(f"/proc/{bwrap.pid}/task/{bwrap.pid}/children").read_text().split()
+                    init = next((int(c) for c in children if _is_bwrap(int(c))), None)
+            time.sleep(0.01)
+        assert init is not None, "bwrap never cloned the namespace's init"
+        bwrap.kill()
+        bwrap.wait()
+        time.sleep(0.5)
+        # the stuck state itself: the init is alive, still bwrap, never ran the launcher (no children)
+        assert _running(init) and _is_bwrap(init)
+        assert Path(f"/proc/{init}/task/{init}/children").read_text().split() == []
+        os.close(life_w)  # what the caller's death does
+        life_w = -1
+        deadline = time.monotonic() + 5
+        while _running(init) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _running(init), "the unreleased namespace init outlived the lifeline"
+        assert (cg.pids_dir / "cgroup.procs").read_text().split() == []  # type: ignore[operator]
+    finally:
+        if life_w >= 0:
+            os.close(life_w)
+        os.close(info_r)
+        if init is not None:
+            _kill([init])
+        deadline = time.monotonic() + 5
+        while not cg.remove() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _is_bwrap(pid: int) -> bool:
+    try:
+        return os.path.basename(Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]) == b"bwrap"
+    except OSError:
+        return False
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan's zombie waits for the host's init to reap it, and holds nothing)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

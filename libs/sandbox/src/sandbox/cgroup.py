@@ -20,13 +20,22 @@ bwrap's first fork (cgroup v1 moves only the named process, never its existing c
 fork and exec needs a ``preexec_fn``, which is unsafe in a threaded caller like the scorer. A failed join exits
 125 before anything runs: the sandbox does not start, it never runs unlimited.
 
+The watcher: before it joins, that shell forks one more shell, which stays in the caller's cgroup (no sandbox limit
+counts it) and blocks reading the sandbox's lifeline (the pipe whose write end only the caller holds). When the
+caller closes it or dies, the watcher SIGKILLs every process left in the sandbox's cgroup. The in-sandbox launcher
+watches the same pipe, but it cannot cover a caller that dies while bwrap is still setting the namespace up: bwrap
+(killed with its parent by ``--die-with-parent``) has cloned the namespace's init but not yet released it, and that
+init, blocked on bwrap's eventfd with no parent-death signal armed yet, would wait forever (pid 1 of its namespace,
+reparented to the host's init). The cgroup is the one handle on it that the host keeps.
+
 Afterwards ``hits`` reads which limit fired (v1: ``oom_kill`` in ``memory.oom_control``; v2: ``oom_kill`` in
 ``memory.events``; both: ``max`` in ``pids.events``), and ``remove`` kills whatever is still in the cgroup and
 removes it (rmdir, retried by the caller until the exiting processes are gone).
 
-Stale cgroups: a caller that died (SIGKILL, OOM) leaves its sandboxes' empty directories. Each ``create`` first
-sweeps (at most once a minute per process) the ``floe`` directories for ``sbx-<pid>-<n>`` entries whose pid is no
-longer alive and which are older than a minute, and removes them; a non-empty one is left alone (rmdir refuses).
+Stale cgroups: a caller that died (SIGKILL, OOM) leaves its sandboxes' directories. Each ``create`` first sweeps
+(at most once a minute per process) the ``floe`` directories for ``sbx-<pid>-<n>`` entries whose pid is no longer
+alive and which are older than a minute, kills what is still inside (the watcher's backstop: a watcher that was
+itself killed) and removes them.
 The age guard keeps a sweeper in another pid namespace from removing a cgroup that was just made.
 
 Unavailable (not root, no controller, a v2 hierarchy that cannot delegate them): ``CgroupUnavailable`` with the
@@ -256,7 +265,8 @@ class Cgroup:
 
 
 def _kill_members(directory: Path, version: int) -> None:
-    # Normally empty by now (the pid namespace is gone); this is the backstop for anything that is not.
+    # Normally empty by now (the pid namespace is gone); this is the backstop for anything that is not. Version 2
+    # with no cgroup.kill (before Linux 5.14), and v1, signal each listed member.
     if version == 2 and (directory / "cgroup.kill").exists():
         with contextlib.suppress(OSError):
             _write(directory / "cgroup.kill", "1")
@@ -292,16 +302,26 @@ def _v2_parent(mounts: list[_Mount], own: dict[str, str], reasons: list[str]) ->
     return base / PARENT
 
 
-def join_argv(procs_files: list[Path]) -> list[str]:
+def join_argv(procs_files: list[Path], lifeline_fd: int) -> list[str]:
     """The head of the command chain that moves itself into the sandbox's cgroup, then execs the rest (after
     ``--``). Run as the caller (root), before ``prlimit`` and the uid drop; quoted throughout, so no ``IFS`` from the
-    environment (the sandbox's) changes what it writes."""
+    environment (the sandbox's) changes what it writes.
+
+    Before it joins, it forks the cgroup's watcher (see the module docstring): blocked on ``lifeline_fd`` until the
+    caller closes its end or dies, it then SIGKILLs whatever is left in the cgroup (retrying for up to 5 s while
+    processes remain), stdio on /dev/null so it never holds the sandbox's output pipes open. It opens the lifeline
+    through ``/proc/self/fd``: dash's ``<&N`` takes one digit only, and a service's fd numbers are higher."""
     script = (
+        "life=$1; shift; "
+        '( while read -r _; do :; done < "/proc/self/fd/$life"; '
+        'n=0; while [ "$n" -lt 100 ]; do left=; '
+        'for f; do [ "$f" = -- ] && break; { while read -r p; do left=1; kill -9 "$p"; done < "$f"; } 2>/dev/null; '
+        'done; [ -z "$left" ] && exit 0; n=$((n + 1)); sleep 0.05; done ) </dev/null >/dev/null 2>&1 & '
         'while [ "$1" != -- ]; do '
         'echo "$$" > "$1" || { echo "floe sandbox: cannot join cgroup $1" >&2; exit 125; }; shift; '
         'done; shift; exec "$@"'
     )
-    return ["/bin/sh", "-c", script, "floe-cgroup-join", *map(str, procs_files), "--"]
+    return ["/bin/sh", "-c", script, "floe-cgroup-join", str(lifeline_fd), *map(str, procs_files), "--"]
 
 
 def parent_dirs(mounts: list[_Mount] | None = None, own: dict[str, str] | None = None) -> list[Path]:
@@ -319,7 +339,7 @@ def parent_dirs(mounts: list[_Mount] | None = None, own: dict[str, str] | None =
 
 
 def sweep_stale(mounts: list[_Mount] | None = None, own: dict[str, str] | None = None, *, force: bool = False) -> int:
-    """Remove empty sandbox cgroups left by callers that died (see the module docstring); how many were removed."""
+    """Empty and remove the sandbox cgroups left by dead callers (see the module docstring); how many were removed."""
     global _last_sweep
     now = time.monotonic()
     if not force and now - _last_sweep < STALE_AFTER_S:
@@ -338,10 +358,13 @@ def sweep_stale(mounts: list[_Mount] | None = None, own: dict[str, str] | None =
             try:
                 if time.time() - entry.stat().st_mtime < STALE_AFTER_S:
                     continue
+                # cgroup.procs lists only the members visible in our pid namespace: what another namespace's
+                # caller runs (whose pid we cannot see, so call dead) is not listed, and so never killed.
+                _kill_members(entry, 2)
                 entry.rmdir()
                 removed += 1
             except OSError:
-                continue  # not empty, or gone already
+                continue  # still emptying (removed by the next sweep), or gone already
     return removed
 
 

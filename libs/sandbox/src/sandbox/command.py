@@ -5,8 +5,9 @@ Pure functions of a ``SandboxSpec`` and the file descriptors the process layer o
 recipe can be read, and tested, in one place. Tools are called by absolute path: the chain starts as root, and the
 sandbox's ``PATH`` (its environment is the chain's) must not choose what root executes.
 
-The cgroup join (``sandbox.cgroup.join_argv``) is there only when the sandbox has a cgroup: a ``/bin/sh`` that moves
-itself into it and execs the rest, so every process of the sandbox starts inside. ``--seccomp FD`` names the memfd
+The cgroup join (``sandbox.cgroup.join_argv``) is there only when the sandbox has a cgroup: a ``/bin/sh`` that leaves
+the cgroup's watcher behind on the lifeline, moves itself into the cgroup and execs the rest, so every process of the
+sandbox starts inside. ``--seccomp FD`` names the memfd
 holding ``sandbox.seccomp.program()``; bwrap installs it right before it execs the launcher.
 
 Mount order matters (later mounts shadow earlier ones): system mounts, ``/etc`` and the identity files, ``/proc``,
@@ -90,7 +91,7 @@ def build_command(
     holds the compiled filter (required when ``spec.seccomp``); ``cgroup`` is the sandbox's, when it has one."""
     if spec.seccomp and seccomp_fd is None:
         raise ValueError("the spec asks for seccomp: build_command needs the filter's fd")
-    cmd = join_argv(cgroup.procs_files) if cgroup is not None else []
+    cmd = join_argv(cgroup.procs_files, lifeline_fd) if cgroup is not None else []
     cmd += _prlimit(spec, cgroup)
     if spec.uid is not None:
         cmd += [
