@@ -27,6 +27,7 @@ EXPECTED = {
     "TransactionAborted",
     "TransactionError",
     "TransactionalProcessor",
+    "before_shutdown",
     "configure_logging",
     "critical_failure",
     "critical_task",

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from eventbus import critical_failure, critical_task, serve
+from eventbus import before_shutdown, critical_failure, critical_task, serve
 
 
 def _free_port() -> int:
@@ -79,3 +79,51 @@ async def test_a_cancelled_critical_task_is_not_a_failure() -> None:
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     assert critical_failure(app) is None
+
+
+def test_before_shutdown_hooks_run_while_the_server_still_answers() -> None:
+    # The gateway node's order: its session runner stops first, while its sessions' calls can still reach the
+    # proxy; uvicorn's own shutdown closes the port before the lifespan ends.
+    port = _free_port()
+    app = FastAPI()
+    answered: list[int] = []
+    order: list[str] = []
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        return JSONResponse({})
+
+    def fetch() -> int:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as resp:
+            return int(resp.status)
+
+    async def first() -> None:
+        order.append("first")
+        answered.append(await asyncio.to_thread(fetch))
+
+    async def broken() -> None:
+        order.append("broken")
+        raise RuntimeError("a failing hook does not stop the shutdown")
+
+    async def last() -> None:
+        order.append("last")
+
+    for hook in (first, broken, last):
+        before_shutdown(app, hook)
+
+    def stop_when_up() -> None:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError):
+                fetch()
+                break
+            time.sleep(0.05)
+        app.state.floe_stop_server()
+
+    stopper = threading.Thread(target=stop_when_up)
+    stopper.start()
+    assert serve(app, "127.0.0.1", port) == 0
+    stopper.join()
+    assert order == ["first", "broken", "last"] and answered == [200]
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+        raise AssertionError("the port still accepts after the shutdown")

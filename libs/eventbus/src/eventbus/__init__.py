@@ -28,7 +28,7 @@ from eventbus.errors import (
 from eventbus.health import health_router
 from eventbus.logging import configure_logging
 from eventbus.producer import Delivery, Producer
-from eventbus.serving import critical_failure, critical_task, serve
+from eventbus.serving import before_shutdown, critical_failure, critical_task, serve
 from eventbus.settings import KafkaSettings
 from eventbus.transactional import TransactionalProcessor
 
@@ -53,6 +53,7 @@ __all__ = [
     "TransactionAborted",
     "TransactionError",
     "TransactionalProcessor",
+    "before_shutdown",
     "configure_logging",
     "critical_failure",
     "critical_task",

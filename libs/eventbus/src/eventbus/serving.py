@@ -10,6 +10,11 @@ supervisor would never restart it, and the failure would only show as work that 
 - ``serve(app, host, port)`` runs uvicorn and returns the process exit code: 1 after a critical failure, else 0.
   State lives in Kafka (committed offsets, transactions), so a restarted process picks up where the dead one
   committed.
+- ``before_shutdown(app, hook)``: an async hook ``serve`` runs at SIGTERM *before* uvicorn stops accepting
+  connections, each bounded by ``DRAIN_S``. uvicorn's own order is: stop listening, wait for open requests, then the
+  lifespan's shutdown; a gateway node's session runner stopped only there went on starting sessions whose agents
+  found the port closed. Its hook stops the runner first, while its sessions' calls can still be answered.
+  Requests still open after that get ``GRACEFUL_S`` before uvicorn cancels them.
 
 In-process test servers (``uvicorn.Server`` in a thread) get the logging and the 503s but are never stopped.
 """
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
@@ -28,12 +34,38 @@ from fastapi import FastAPI
 from eventbus.errors import BrokerUnavailable
 from eventbus.settings import KafkaSettings
 
-__all__ = ["critical_failure", "critical_task", "serve"]
+__all__ = ["before_shutdown", "critical_failure", "critical_task", "serve"]
 
 log = structlog.get_logger()
 
 _FAILURE = "floe_critical_failure"
 _STOP = "floe_stop_server"
+_BEFORE = "floe_before_shutdown"
+DRAIN_S = 15.0  # one hook's bound; below a supervisor's usual grace (compose: 10 s default, ours: 20 s)
+GRACEFUL_S = 5  # open requests after the hooks, before uvicorn cancels them
+
+
+def before_shutdown(app: FastAPI, hook: Callable[[], Coroutine[Any, Any, Any]]) -> None:
+    """Run ``hook()`` first when ``serve`` shuts ``app`` down (see the module docstring); hooks run in order."""
+    hooks: list[Callable[[], Coroutine[Any, Any, Any]]] = getattr(app.state, _BEFORE, None) or []
+    hooks.append(hook)
+    setattr(app.state, _BEFORE, hooks)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server with ``before_shutdown`` hooks run ahead of its own shutdown."""
+
+    def __init__(self, config: uvicorn.Config, app: FastAPI) -> None:
+        super().__init__(config)
+        self._app = app
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        for hook in getattr(self._app.state, _BEFORE, None) or []:
+            try:
+                await asyncio.wait_for(hook(), DRAIN_S)
+            except Exception as exc:  # a hook that fails or hangs must not keep the process up
+                log.warning("shutdown hook failed", hook=getattr(hook, "__qualname__", repr(hook)), error=repr(exc))
+        await super().shutdown(sockets)
 
 
 def critical_task(app: FastAPI, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
@@ -64,7 +96,8 @@ def serve(app: FastAPI, host: str, port: int, *, log_level: str = "warning") -> 
     """Run ``app`` until SIGINT/SIGTERM or a critical task's death; the exit code says which (0 or 1), or 2 when the
     service could not start because the broker is unreachable (one error line that says where it looked and how to
     start one, not uvicorn's traceback of the lifespan)."""
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level))
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=GRACEFUL_S)
+    server = _Server(config, app)
     unreachable: list[str] = []
     inner = app.router.lifespan_context
 

@@ -6,7 +6,8 @@ listening address (not the public URL, which may be a load balancer). That is Po
 
 - ``RegistryGateway``: the runner's view of the proxy (``runner.SessionGateway``) over ``app.state.registry``.
 - ``node_extension``: a ``gateway.create_app`` lifespan extension that runs a ``SessionNode`` on Kafka; if the runner
-  dies, the process's ``/health`` turns 503 and it exits 1 (crash-only, like every floe service).
+  dies, the process's ``/health`` turns 503 and it exits 1 (crash-only, like every floe service). At SIGTERM the
+  runner stops first, then the proxy (``eventbus.before_shutdown``).
 - ``create_node_app`` / ``serve``: ``python -m sessions`` (``floe serve sessions``) runs a node.
 - ``local_gateway``: an in-process proxy on a free loopback port, for ``floe session run``.
 """
@@ -24,7 +25,7 @@ import structlog
 from fastapi import FastAPI
 
 from contracts import SessionRequested
-from eventbus import KafkaSettings, critical_task
+from eventbus import KafkaSettings, before_shutdown, critical_task
 from gateway import GatewaySettings, create_app
 from gateway.registry import SessionRegistry
 from sessions.metrics import SessionMetrics
@@ -94,6 +95,15 @@ def node_extension(
         )
         # A node whose runner died would keep proxying while its sessions strand: fail the process instead.
         task = critical_task(app, node.run(), "session node")
+
+        async def stop_node() -> None:
+            # Before the proxy stops listening (``before_shutdown``): no new session starts, and the running ones
+            # end FAILED "node shutting down" while their calls can still be answered.
+            log.info("session node stopping", node_id=node.settings.node_id, running=len(node.active))
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+        before_shutdown(app, stop_node)
         log.info("session_node_started", node_id=node.settings.node_id)
         try:
             yield
