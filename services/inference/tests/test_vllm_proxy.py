@@ -1,7 +1,7 @@
 """``--engine vllm``: weight versions on vLLM, through the proxy, with real checkpoints on a real broker.
 
 The proxy runs in-process (uvicorn in a thread) in front of the session's one vLLM server (``vllm_server``), which
-this module hands back on the real model's weights. Calls are greedy, with few tokens; the long one (64 tokens) is
+this module hands back on the real model's weights. Calls are greedy, with few tokens; the long one (LONG tokens) is
 the request in flight while a reload starts. One test needs no vLLM: the proxy in front of a vLLM that is down.
 """
 
@@ -31,6 +31,9 @@ from .conftest import free_port, running_app
 
 MESSAGES = [{"role": "user", "content": "Write a short poem about the sea."}]
 CONTROL = "proxy-test-control"
+# Long enough to outlast publishing a version and the proxy's reaction to it with room to spare: one CI run saw
+# 64 tokens on the CPU vLLM end before the gate closed (a producer started for the publish, ~0.6 s of that).
+LONG = 384
 
 
 def body(max_tokens: int) -> dict[str, Any]:
@@ -137,9 +140,10 @@ def test_versions_on_vllm_follow_the_reloads(
             await until(client, lambda h: h["weights_consumer"] == "ready", "weights consumer ready")
             before = await post(client)
             first = asyncio.Event()
-            in_flight = asyncio.create_task(stream(client, 64, first))
-            await asyncio.wait_for(first.wait(), 120)
-            await publish(kafka_settings, weights_topic, WeightsPublished(version=1, uri=str(v1), step=1))
+            async with Producer(kafka_settings) as producer:  # started before the stream: the publish is quick
+                in_flight = asyncio.create_task(stream(client, LONG, first))
+                await asyncio.wait_for(first.wait(), 120)
+                await producer.send(weights_topic, WeightsPublished(version=1, uri=str(v1), step=1))
             # The reload has started: the gate is closed while the long stream is still running.
             await until(client, lambda h: not h["admitting"], "gate closed for the reload")
             assert not in_flight.done(), "the long request ended before the reload started"
@@ -190,7 +194,7 @@ def test_versions_on_vllm_follow_the_reloads(
     assert before["version"] == 0
     # In flight when the reload started: finished on the old weights, reported as the old version everywhere.
     assert long["header"] == 0 and long["stamped"] == [0, 0]  # the final chunk and the usage chunk
-    assert len(long["ids"]) == 64
+    assert len(long["ids"]) == LONG
     assert long["ids"][:8] == before["ids"]
     assert long["logprobs"][:8] == pytest.approx(before["logprobs"], abs=1e-4)
     # Admitted after the reload: the new version, and the new weights' logprobs (= vLLM's own answer now).
