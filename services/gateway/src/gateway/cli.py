@@ -42,8 +42,8 @@ def serve(argv: list[str] | None = None, prog: str = "python -m gateway") -> int
     from gateway.app import create_app
     from gateway.settings import GatewaySettings
 
-    configure_logging("gateway")
     settings = GatewaySettings()
+    configure_logging("gateway", settings.log_level)
     if settings.run_sessions:
         # Deprecated spelling of "run a gateway node". The gateway does not import the runner (services never import
         # each other), so hand the process over to the node's entry point, which reads the same settings.

@@ -149,8 +149,8 @@ def serve(argv: list[str] | None = None) -> int:
         argv,
     )
 
-    configure_logging("gateway")
     settings = GatewaySettings()
+    configure_logging("gateway", settings.log_level)
     return serve_app(create_node_app(settings), settings.host, settings.port)
 
 
