@@ -3,13 +3,20 @@ pulled cable (an open connection stalls, then carries on after the restore), and
 
 from __future__ import annotations
 
+import asyncio
+import os
 import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
+from contracts import WEIGHTS, WeightsPublished
+from eventbus import KafkaSettings, Producer, ensure_topics_sync
+from eventbus.broker import LocalBroker, free_port
+from eventbus.replay import replay
 from floe.hosts import Network, leftovers
 
 pytestmark = [pytest.mark.scale]
@@ -87,3 +94,40 @@ def test_hosts_talk_on_their_addresses_a_cut_stalls_them_and_nothing_is_left() -
     # close() killed what ran on the hosts and removed every namespace and link.
     assert echo.wait(timeout=10) == -9 and loopback.wait(timeout=10) == -9
     assert leftovers(network_id) == []
+
+
+def test_a_broker_on_its_own_host_survives_a_cut_and_loses_nothing(tmp_path: Path) -> None:
+    """The broker runs inside a simulated host at that host's address; sends made while its host is cut off are
+    delivered once it is back, exactly once."""
+    with Network(["broker"]) as net:
+        host = net["broker"]
+        broker = LocalBroker.at(tmp_path / "kafka")
+        try:
+            address = broker.start(
+                free_port(), free_port(), owner_pid=os.getpid(), host=host.address, wrap=host.argv([])
+            )
+            assert address.startswith(host.address + ":")
+            assert broker.pid() in net.pids("broker"), "the broker runs on its host"
+            kafka = KafkaSettings(bootstrap_servers=address)
+            topic = WEIGHTS.with_name(f"floe.hosts-test.{net.id}")
+            ensure_topics_sync(kafka, [topic])
+
+            async def produce() -> None:
+                async with Producer(kafka) as producer:
+                    await producer.send(topic, WeightsPublished(version=1, uri="file:///a", step=1))
+                    net.cut("broker")
+                    cut_at = time.monotonic()
+                    sent = asyncio.create_task(
+                        producer.send(topic, WeightsPublished(version=2, uri="file:///b", step=2))
+                    )
+                    await asyncio.sleep(15)
+                    assert not sent.done(), "delivered to a host that is cut off"
+                    net.restore("broker")
+                    await asyncio.wait_for(sent, 120)
+                    assert time.monotonic() - cut_at >= 15
+
+            asyncio.run(produce())
+            got = [r.event.version for r in replay(kafka, topic, idle_timeout_s=3.0)]
+            assert got == [1, 2]
+        finally:
+            broker.stop()

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# floe's single-node Apache Kafka 4.x broker (KRaft broker+controller on 127.0.0.1), from Maven Central jars.
+# floe's single-node Apache Kafka 4.x broker (KRaft broker+controller; clients on 127.0.0.1 or --host), from Maven
+# Central jars.
 #
 #   kafka.sh jars                      resolve the broker jars into deploy/kafka/lib/ (Maven; ~/.m2 is the cache)
 #   kafka.sh start  [options]          format (first time) + start in the background + wait until ready; idempotent
@@ -12,7 +13,10 @@
 #   --state-dir DIR        FLOE_KAFKA_STATE_DIR   default <repo>/.floe/kafka; holds server.properties, data/, the
 #                                                 pid file, broker.log and the broker address
 #   --port N               FLOE_KAFKA_PORT        client (PLAINTEXT) port, default 9092
-#   --controller-port N    FLOE_KAFKA_CONTROLLER_PORT   default 9093
+#   --controller-port N    FLOE_KAFKA_CONTROLLER_PORT   default 9093 (always on 127.0.0.1: only the broker uses it)
+#   --host ADDR            FLOE_KAFKA_HOST        the address clients reach (listened on and advertised), default
+#                                                 127.0.0.1 (a restart keeps the last one); the multi-host tests run start in a network namespace
+#                                                 (`ip netns exec NS kafka.sh start --host 10.x.y.z`)
 #   --timeout S            FLOE_KAFKA_READY_TIMEOUT     readiness deadline in seconds, default 60
 #   --owner-pid PID        stop the broker when PID exits (the test plugin passes its own pid, so a killed
 #                          pytest never leaves a broker behind)
@@ -37,7 +41,7 @@ JAVA="${JAVA:-java}"
 die() { echo "kafka.sh: error: $*" >&2; exit 1; }
 info() { echo "kafka.sh: $*" >&2; }
 
-usage() { sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,26p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
 CMD="${1:-}"
 [[ -n "$CMD" ]] || { usage; exit 2; }
@@ -46,6 +50,7 @@ shift
 STATE="${FLOE_KAFKA_STATE_DIR:-$REPO/.floe/kafka}"
 PORT="${FLOE_KAFKA_PORT:-}"
 CPORT="${FLOE_KAFKA_CONTROLLER_PORT:-}"
+HOST="${FLOE_KAFKA_HOST:-}"  # empty: what the state dir was started with, else 127.0.0.1
 TIMEOUT="${FLOE_KAFKA_READY_TIMEOUT:-60}"
 STOP_TIMEOUT="${FLOE_KAFKA_STOP_TIMEOUT:-30}"
 HEAP="${FLOE_KAFKA_HEAP:-512m}"
@@ -56,6 +61,7 @@ while [[ $# -gt 0 ]]; do
     --state-dir) STATE="$2"; shift 2 ;;
     --port) PORT="$2"; shift 2 ;;
     --controller-port) CPORT="$2"; shift 2 ;;
+    --host) HOST="$2"; shift 2 ;;
     --timeout) TIMEOUT="$2"; shift 2 ;;
     --owner-pid) OWNER_PID="$2"; shift 2 ;;
     -f|--follow) FOLLOW=1; shift ;;
@@ -118,13 +124,14 @@ live_pid() {
   echo "$pid"
 }
 
-port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+# port_open PORT [ADDR]: something accepts connections there (ADDR defaults to 127.0.0.1).
+port_open() { (exec 3<>"/dev/tcp/${2:-127.0.0.1}/$1") 2>/dev/null; }
 
 free_port() {
   local p
   for _ in $(seq 1 50); do
     p=$(( (RANDOM % 20000) + 30000 ))
-    port_open "$p" || { echo "$p"; return 0; }
+    port_open "$p" || port_open "$p" "$HOST" || { echo "$p"; return 0; }
   done
   die "could not find a free port"
 }
@@ -137,8 +144,8 @@ write_props() {
 
 # ---- per-instance keys written by kafka.sh (override the ones above)
 controller.quorum.bootstrap.servers=127.0.0.1:$CPORT
-listeners=PLAINTEXT://127.0.0.1:$PORT,CONTROLLER://127.0.0.1:$CPORT
-advertised.listeners=PLAINTEXT://127.0.0.1:$PORT,CONTROLLER://127.0.0.1:$CPORT
+listeners=PLAINTEXT://$HOST:$PORT,CONTROLLER://127.0.0.1:$CPORT
+advertised.listeners=PLAINTEXT://$HOST:$PORT,CONTROLLER://127.0.0.1:$CPORT
 log.dirs=$STATE/data
 EOF
 }
@@ -196,22 +203,23 @@ cmd_start() {
   need_jars
   # Ports: a formatted state dir keeps its ports (the voter record holds the controller endpoint).
   if [[ -f "$STATE/data/meta.properties" && -f "$PORTSFILE" ]]; then
-    local old_port old_cport
-    read -r old_port old_cport <"$PORTSFILE"
+    local old_port old_cport old_host
+    read -r old_port old_cport old_host <"$PORTSFILE"
     if [[ -n "$PORT" && "$PORT" != "$old_port" ]] || [[ -n "$CPORT" && "$CPORT" != "$old_cport" ]]; then
       die "state dir $STATE was formatted for ports $old_port/$old_cport; use another --state-dir (or delete it) to change ports"
     fi
-    PORT="$old_port"; CPORT="$old_cport"
+    PORT="$old_port"; CPORT="$old_cport"; HOST="${HOST:-${old_host:-127.0.0.1}}"
   else
     rm -rf "$STATE/data"
+    HOST="${HOST:-127.0.0.1}"
     PORT="${PORT:-9092}"
     CPORT="${CPORT:-9093}"
     [[ "$PORT" == "0" ]] && PORT="$(free_port)"
     [[ "$CPORT" == "0" ]] && CPORT="$(free_port)"
   fi
-  port_open "$PORT" && die "port $PORT is already in use (another broker?); pick another with --port or FLOE_KAFKA_PORT"
+  port_open "$PORT" "$HOST" && die "port $PORT is already in use (another broker?); pick another with --port or FLOE_KAFKA_PORT"
   port_open "$CPORT" && die "port $CPORT is already in use; pick another with --controller-port or FLOE_KAFKA_CONTROLLER_PORT"
-  echo "$PORT $CPORT" >"$PORTSFILE"
+  echo "$PORT $CPORT $HOST" >"$PORTSFILE"
   write_props
   mkdir -p "$STATE/tmp"
 
@@ -248,7 +256,7 @@ cmd_start() {
     kafka.Kafka "$PROPS" </dev/null >>"$LOG" 2>&1 &
   pid=$!
   echo "$pid" >"$PIDFILE"
-  echo "127.0.0.1:$PORT" >"$ADDRFILE"
+  echo "$HOST:$PORT" >"$ADDRFILE"
   [[ -n "$OWNER_PID" ]] && start_watchdog "$OWNER_PID" "$pid"
   if ! wait_ready "$pid"; then
     stop_pid "$pid"
@@ -270,7 +278,7 @@ wait_ready() {
       tail -n 20 "$LOG" >&2
       return 1
     fi
-    if grep -q "Kafka Server started" "$LOG" 2>/dev/null && port_open "$port"; then
+    if grep -q "Kafka Server started" "$LOG" 2>/dev/null && port_open "$port" "$(cut -d: -f1 "$ADDRFILE")"; then
       return 0
     fi
     sleep 0.2

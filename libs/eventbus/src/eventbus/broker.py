@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,11 +67,17 @@ class LocalBroker:
     def pid_path(self) -> Path:
         return self.state_dir / "kafka.pid"
 
-    def _run(self, *args: str, timeout: float | None = None, extra_env: dict[str, str] | None = None) -> str:
+    def _run(
+        self,
+        *args: str,
+        timeout: float | None = None,
+        extra_env: dict[str, str] | None = None,
+        wrap: Sequence[str] = (),
+    ) -> str:
         env = {**os.environ, **(extra_env or {})}
         try:
             done = subprocess.run(
-                ["bash", str(self.script), *args, "--state-dir", str(self.state_dir)],
+                [*wrap, "bash", str(self.script), *args, "--state-dir", str(self.state_dir)],
                 capture_output=True,
                 text=True,
                 timeout=timeout,
@@ -94,9 +101,17 @@ class LocalBroker:
         owner_pid: int | None = None,
         ready_timeout_s: float = 90.0,
         heap: str | None = None,
+        host: str | None = None,
+        wrap: Sequence[str] = (),
     ) -> str:
-        """Start (idempotent) and return the bootstrap address once the broker is ready."""
+        """Start (idempotent) and return the bootstrap address once the broker is ready.
+
+        ``host``: the address clients reach (default 127.0.0.1, or what this state dir last ran with). ``wrap``: an
+        argv prefix the script runs under, e.g. ``ip netns exec NS`` to put the broker on a simulated host
+        (``floe.hosts``); stopping needs no prefix (the script stops by pid)."""
         args = ["start", "--timeout", str(int(ready_timeout_s))]
+        if host is not None:
+            args += ["--host", host]
         if port is not None:
             args += ["--port", str(port)]
         if controller_port is not None:
@@ -104,7 +119,7 @@ class LocalBroker:
         if owner_pid is not None:
             args += ["--owner-pid", str(owner_pid)]
         env = {"FLOE_KAFKA_HEAP": heap} if heap else None
-        out = self._run(*args, timeout=ready_timeout_s + 60, extra_env=env)
+        out = self._run(*args, timeout=ready_timeout_s + 60, extra_env=env, wrap=wrap)
         return out.splitlines()[-1].strip()
 
     def stop(self, timeout_s: float = 30.0) -> None:
