@@ -73,7 +73,6 @@ class Host:
     netns: str
     address: str
     port: str  # the host's port on the switch (a link in the switch namespace)
-    cut: bool = False
 
     def argv(self, argv: Sequence[str]) -> list[str]:
         """``argv`` run inside this host's namespace."""
@@ -120,6 +119,9 @@ class Network:
             raise NetworkError("simulated hosts need root (network namespaces and veth links)")
         if len(set(self.names)) != len(self.names) or len(self.names) > 200:
             raise NetworkError(f"host names must be distinct, at most 200: {list(self.names)}")
+        for name in self.names:  # before anything is made
+            if len(name) > 40 or not name.replace("-", "").isalnum():
+                raise NetworkError(f"host name {name!r}: letters, digits and '-', at most 40")
         self.subnet = _free_subnet()
         prefix = self.subnet.prefixlen
         _ip("netns", "add", self.switch)
@@ -133,8 +135,6 @@ class Network:
         _ip("link", "set", self.root_link, "up")
         for i, name in enumerate(self.names):
             netns = f"{PREFIX}{self.id}-{name}"
-            if len(netns) > 64 or not name.replace("-", "").isalnum():
-                raise NetworkError(f"host name {name!r}: letters, digits and '-', short")
             address = str(self.subnet.network_address + 2 + i)
             port = f"h{i}"
             _ip("netns", "add", netns)
@@ -152,12 +152,10 @@ class Network:
         """Take ``name`` off the network: its switch port goes down; its processes and sockets live on."""
         host = self.hosts[name]
         _ip("link", "set", host.port, "down", netns=self.switch)
-        host.cut = True
 
     def restore(self, name: str) -> None:
         host = self.hosts[name]
         _ip("link", "set", host.port, "up", netns=self.switch)
-        host.cut = False
 
     def pids(self, name: str) -> list[int]:
         """Processes running in ``name``'s namespace."""
@@ -194,7 +192,7 @@ def _netns_exists(netns: str) -> bool:
 def leftovers(network_id: str | None = None) -> list[str]:
     """Namespaces and root links this module made that still exist (of one network, or of any)."""
     ns_prefix = PREFIX + (f"{network_id}-" if network_id else "")
-    link_prefix = LINK_PREFIX + (network_id or "")
+    root_link = re.compile(rf"{LINK_PREFIX}{re.escape(network_id) if network_id else '[0-9a-f]{6}'}r")
     found = [f"netns {n}" for n in sorted(os.listdir("/run/netns"))] if os.path.isdir("/run/netns") else []
     found = [f for f in found if f.split(" ", 1)[1].startswith(ns_prefix)]
     links = _ip("-o", "link", "show", check=False).stdout.splitlines()
@@ -202,6 +200,6 @@ def leftovers(network_id: str | None = None) -> list[str]:
         parts = line.split(":", 2)
         if len(parts) > 1:
             link = parts[1].strip().split("@", 1)[0]
-            if link.startswith(link_prefix) and re.fullmatch(rf"{LINK_PREFIX}[0-9a-f]{{6}}r", link):
+            if root_link.fullmatch(link):
                 found.append(f"link {link}")
     return found
