@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from contracts import SessionCancelRequested, SessionFinished, SessionRequested, SessionState
+from contracts import SessionCancelRequested, SessionFinished, SessionRequested, SessionState, SessionStateChanged
 from rollout.scheduler import RunSpec, Scheduler, SchedulerConfig
 
 T0 = 1_700_000_000_000
@@ -52,6 +52,30 @@ def test_cancelled_sessions_that_never_end_are_closed_after_the_grace_and_free_t
     s.observe(end)
     assert s.groups == {} and s.counters["closed_unanswered"] == 1
     assert [e for e in s.tick(T0 + 52_000) if isinstance(e, SessionRequested)]  # the slot is free again
+
+
+def test_a_done_state_without_its_session_finished_is_still_cancelled_and_closed() -> None:
+    # A node published the session's DONE state change and was killed before its SessionFinished transaction
+    # committed (CI saw this): only SessionFinished ends a session, so the deadline and the grace still apply.
+    cfg = SchedulerConfig(group_deadline_s=30, cancel_grace_s=20, max_groups_in_flight=1)
+    s = Scheduler(cfg, [RunSpec("train", ("t1",), group_size=2, harness="toy", task_source="toy")])
+    reqs = [e for e in s.tick(T0) if isinstance(e, SessionRequested)]
+    s.observe(_finish(reqs[0]))
+    for seq, state in enumerate((SessionState.RUNNING, SessionState.DONE), start=3):
+        s.observe(
+            SessionStateChanged(
+                session_id=reqs[1].session_id, group_id=reqs[1].group_id, node_id="n", state=state, seq=seq, at=T0
+            )
+        )
+    assert s.snapshot()["sessions_by_state"] == {"DONE": 2}
+    cancels = [e for e in s.tick(T0 + 30_000) if isinstance(e, SessionCancelRequested)]
+    assert [c.session_id for c in cancels] == [reqs[1].session_id]
+    closed = [e for e in s.tick(T0 + 50_000) if isinstance(e, SessionFinished)]
+    assert [(e.session_id, e.status) for e in closed] == [(reqs[1].session_id, SessionState.CANCELLED)]
+    s.observe(closed[0])
+    late = _finish(reqs[1])  # the node's own end, if it ever commits, comes second and is ignored
+    s.observe(late)
+    assert s.groups == {} and s.counters["groups_done"] == 1
 
 
 def test_a_rebuilt_scheduler_closes_from_the_cancel_time_on_the_topic() -> None:

@@ -171,13 +171,17 @@ class _Group:
     cancel_reason: str | None = None
     cancelled_at: int | None = None
     closed: set[str] = field(default_factory=set)  # sessions we ended ourselves (their node never did)
+    # Sessions whose SessionFinished we have seen: the only end that counts. A terminal SessionStateChanged does not
+    # end a session: a node can publish DONE and die before its SessionFinished transaction commits, and a group
+    # waiting on that session must still reach its deadline, be cancelled and be closed by us.
+    ended: set[str] = field(default_factory=set)
     task_id: str = ""
     task_source: str = ""
     harness: str = ""
     template: SessionRequested | None = None  # the first request seen: how to re-publish a missing member
 
     def open_sessions(self) -> list[str]:
-        return sorted(s for s, st in self.sessions.items() if st not in TERMINAL_STATES)
+        return sorted(s for s in self.sessions if s not in self.ended)
 
     @property
     def done(self) -> bool:
@@ -227,8 +231,9 @@ class Scheduler:
             group = self._group_of(event.session_id)
             if group is None and event.session_id not in self.session_group:
                 self._early_ends.setdefault(event.session_id, event)
-            if group is not None:
+            if group is not None and event.session_id not in group.ended:  # the first end wins, as downstream
                 self._set_state(group, event.session_id, event.status)
+                group.ended.add(event.session_id)
                 group.calls[event.session_id] = event.calls
                 if event.status is SessionState.DONE and event.calls > 0:
                     group.usable.add(event.session_id)
