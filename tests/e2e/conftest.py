@@ -17,13 +17,14 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from floe.demo import Demo, DemoConfig
+from floe.hosts import Host
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "deploy" / "docker"
@@ -37,7 +38,7 @@ def toy_demo() -> Iterator[Callable[..., Demo]]:
     """``toy_demo(prefix, **config)``: a running toy demo stack; stopped and checked at the end of the test."""
     started: list[tuple[Demo, Path]] = []
 
-    def start(prefix: str, **config: Any) -> Demo:
+    def start(prefix: str, hosts: Mapping[str, Host] | None = None, **config: Any) -> Demo:
         # Not pytest's tmp_path: /tmp/pytest-of-<user> is 0700, and the scorer's sandbox runs each grading job as an
         # unprivileged uid that must be able to reach its work directory under the run directory.
         run_dir = Path(tempfile.mkdtemp(prefix=prefix))
@@ -50,7 +51,7 @@ def toy_demo() -> Iterator[Callable[..., Demo]]:
             "FLOE_ROLLOUT_GROUP_DEADLINE_S": str(GROUP_DEADLINE_S),
             "FLOE_ROLLOUT_CANCEL_GRACE_S": str(CANCEL_GRACE_S),
         }
-        d = Demo(cfg, env_overrides={"rollout": rollout})
+        d = Demo(cfg, env_overrides={"rollout": rollout}, hosts=hosts)
         d.passed = False  # type: ignore[attr-defined]
         started.append((d, run_dir))
         d.up()

@@ -45,7 +45,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,6 +68,7 @@ from contracts import (
 from eventbus import Consumer, EventBusError, KafkaSettings, Message, ensure_topics_sync
 from eventbus.broker import BrokerError, LocalBroker, free_port
 from floe.home import state_home
+from floe.hosts import Host
 from floe.report import EvalRound, StepRecord, prompt_agnostic_best, summarize, write_report
 from floe.stack import ServiceSpec, Stack, StackError, python_module
 
@@ -139,6 +140,9 @@ class DemoConfig:
     gateway_nodes: int = 1
     scorers: int = 1
     learner_ranks: int = 1
+    # A session's own deadline (SessionRequested.session_timeout_s); default 300 s (toy) or 900 s (swe). The agent's
+    # timeout is at most this.
+    session_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("gateway_nodes", "scorers", "learner_ranks"):
@@ -326,9 +330,17 @@ def run(args: argparse.Namespace) -> int:
 
 
 class Demo:
-    def __init__(self, cfg: DemoConfig, env_overrides: dict[str, dict[str, str]] | None = None) -> None:
+    def __init__(
+        self,
+        cfg: DemoConfig,
+        env_overrides: dict[str, dict[str, str]] | None = None,
+        hosts: Mapping[str, Host] | None = None,
+    ) -> None:
         self.cfg = cfg
         self.env_overrides = env_overrides or {}  # service name -> extra env (tests: shorter deadlines, …)
+        # Service name (or "kafka") -> the simulated host it runs on (floe.hosts; the multi-host tests). A placed
+        # service listens on every address of its namespace, and the others reach it at its host's address.
+        self.hosts = dict(hosts or {})
         self.run_dir = cfg.run_dir
         self.broker = LocalBroker.at(self.run_dir / "kafka")
         names = ["inference", *self.gateway_names(), "rollout", "dashboard"]
@@ -357,7 +369,7 @@ class Demo:
         ``restart_broker``; ``down`` undoes it. Benchmarks pass ``only`` to run part of the stack."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.say(f"run directory {self.run_dir}")
-        address = self.broker.start(free_port(), free_port(), owner_pid=os.getpid())
+        address = self.broker.start(free_port(), free_port(), owner_pid=os.getpid(), **self._broker_placement())
         self.kafka = KafkaSettings(bootstrap_servers=address)
         self.say(f"kafka ready at {address}")
         ensure_topics_sync(self.kafka, TOPICS)
@@ -383,8 +395,20 @@ class Demo:
     def restart_broker(self) -> None:
         """Stop the broker (SIGTERM, then SIGKILL after a deadline) and start it again on the same ports and data."""
         self.broker.stop()
-        address = self.broker.start(owner_pid=os.getpid())
+        address = self.broker.start(owner_pid=os.getpid(), **self._broker_placement())
         assert address == self.kafka.bootstrap_servers, f"broker came back on {address}"
+
+    def _broker_placement(self) -> dict[str, Any]:
+        host = self.hosts.get("kafka")
+        return {} if host is None else {"host": host.address, "wrap": host.argv([])}
+
+    def address(self, name: str) -> str:
+        """Where the other services (and this process) reach service ``name``."""
+        host = self.hosts.get(name)
+        return "127.0.0.1" if host is None else host.address
+
+    def _bind(self, name: str) -> str:
+        return "127.0.0.1" if name not in self.hosts else "0.0.0.0"  # every address of its own namespace only
 
     def down(self) -> None:
         # A second Ctrl-C (or a wrapper forwarding the first one again) must not cut the shutdown short and leave
@@ -490,12 +514,13 @@ class Demo:
         sampling = {"temperature": cfg.temperature, "top_p": 1.0, "max_tokens": cfg.max_tokens, "seed": None}
         if cfg.workload == "swe":
             sampling["max_tokens"] = 512
+        session_timeout_s = cfg.session_timeout_s or (900 if cfg.workload == "swe" else 300)
         common = {
             "harness": cfg.harness,
             "sampling": sampling,
             "model": "policy",
-            "agent_timeout_s": 600 if cfg.workload == "swe" else 120,
-            "session_timeout_s": 900 if cfg.workload == "swe" else 300,
+            "agent_timeout_s": min(600 if cfg.workload == "swe" else 120, session_timeout_s),
+            "session_timeout_s": session_timeout_s,
         }
         runs: list[dict[str, Any]] = [
             {
@@ -560,28 +585,33 @@ class Demo:
                 {
                     "FLOE_INFERENCE_ENGINE": cfg.engine,
                     "FLOE_INFERENCE_MODEL_DIR": str(self.model_dir),
+                    "FLOE_INFERENCE_HOST": self._bind("inference"),
                     "FLOE_INFERENCE_PORT": str(ports["inference"]),
                     "FLOE_INFERENCE_SEED": str(cfg.seed),
                     "FLOE_INFERENCE_ACCEPT_ANY_MODEL": "true",
                     "FLOE_INFERENCE_THREADS": str(cfg.threads),
                     **threads,
                 },
-                ready_url=f"http://127.0.0.1:{ports['inference']}/health",
+                ready_url=f"http://{self.address('inference')}:{ports['inference']}/health",
             ),
             *(
                 ServiceSpec(
                     name,
                     python_module("sessions"),  # a gateway node: the proxy and the session runner in one process
                     {
+                        "FLOE_GATEWAY_HOST": self._bind(name),
                         "FLOE_GATEWAY_PORT": str(ports[name]),
-                        "FLOE_GATEWAY_ENGINE_URLS": json.dumps([f"http://127.0.0.1:{ports['inference']}"]),
+                        "FLOE_GATEWAY_PUBLIC_URL": f"http://{self.address(name)}:{ports[name]}",
+                        "FLOE_GATEWAY_ENGINE_URLS": json.dumps(
+                            [f"http://{self.address('inference')}:{ports['inference']}"]
+                        ),
                         "FLOE_GATEWAY_SESSIONS_WORK_ROOT": str(self.sandbox_root / name.replace("gateway", "sessions")),
                         "FLOE_GATEWAY_SESSIONS_NODE_ID": f"demo-node-{i + 1}",
                         # One-call answer agents mostly wait on the engine: more at once means bigger decode batches.
                         "FLOE_GATEWAY_SESSIONS_MAX_RUNNING": "4" if cfg.workload == "swe" else "8",
                         "FLOE_GATEWAY_SESSIONS_MAX_PREPARING": "4",
                     },
-                    ready_url=f"http://127.0.0.1:{ports[name]}/health",
+                    ready_url=f"http://{self.address(name)}:{ports[name]}/health",
                 )
                 for i, name in enumerate(self.gateway_names())
             ),
@@ -628,14 +658,20 @@ class Demo:
                     "FLOE_ROLLOUT_MAX_STEPS": str(cfg.steps),
                     "FLOE_ROLLOUT_CLAIM_URL": str(run / "rollout" / "batches"),
                     "FLOE_ROLLOUT_DATASET_DIR": str(run / "rollout" / "dataset"),
+                    "FLOE_ROLLOUT_HTTP_HOST": self._bind("rollout"),
                     "FLOE_ROLLOUT_HTTP_PORT": str(ports["rollout"]),
                     "FLOE_ROLLOUT_GROUP_DEADLINE_S": "600",
                 },
-                ready_url=f"http://127.0.0.1:{ports['rollout']}/health",
+                ready_url=f"http://{self.address('rollout')}:{ports['rollout']}/health",
             ),
         ]
         specs = [
-            ServiceSpec(sp.name, sp.argv, {**sp.env, **self.env_overrides.get(sp.name, {})}, sp.ready_url)
+            ServiceSpec(
+                sp.name,
+                self.hosts[sp.name].argv(sp.argv) if sp.name in self.hosts else sp.argv,
+                {**sp.env, **self.env_overrides.get(sp.name, {})},
+                sp.ready_url,
+            )
             for sp in specs
         ]
         if self.cfg.dashboard:
@@ -643,8 +679,8 @@ class Demo:
                 ServiceSpec(
                     "dashboard",
                     python_module("dashboard"),
-                    {"FLOE_DASHBOARD_PORT": str(ports["dashboard"])},
-                    ready_url=f"http://127.0.0.1:{ports['dashboard']}/health",
+                    {"FLOE_DASHBOARD_HOST": self._bind("dashboard"), "FLOE_DASHBOARD_PORT": str(ports["dashboard"])},
+                    ready_url=f"http://{self.address('dashboard')}:{ports['dashboard']}/health",
                 )
             )
         return specs
