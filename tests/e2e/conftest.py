@@ -43,9 +43,9 @@ def toy_demo() -> Iterator[Callable[..., Demo]]:
         # unprivileged uid that must be able to reach its work directory under the run directory.
         run_dir = Path(tempfile.mkdtemp(prefix=prefix))
         run_dir.chmod(0o755)
+        config = {"dashboard": False, **config}
         cfg = DemoConfig.for_model(
-            "tiny", steps=1000, group_size=4, groups_per_step=2, dashboard=False, run_dir=run_dir, timeout_s=600,
-            **config,
+            "tiny", steps=1000, group_size=4, groups_per_step=2, run_dir=run_dir, timeout_s=600, **config
         )  # fmt: skip
         rollout = {
             "FLOE_ROLLOUT_GROUP_DEADLINE_S": str(GROUP_DEADLINE_S),

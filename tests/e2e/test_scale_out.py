@@ -13,7 +13,9 @@ made progress since the previous fault:
   from the last checkpoint and the ledger skips a batch already trained.
 
 At the end ``floe.audit`` must find no trajectory lost or duplicated, no duplicate reward, no batch trained twice,
-and every group admitted before the node was killed batched. The rollout runs as one instance: its assembler is not
+and every group admitted before the node was killed batched. The dashboard follows the same topics on the other
+Kafka client, aiokafka (the services use confluent-kafka): it must have seen every weight version the audit found
+and at least as many rewards. The rollout runs as one instance: its assembler is not
 sharded yet (docs/scaling.md). The run directory is kept on a failure (``FLOE_E2E_KEEP=1``: always).
 """
 
@@ -24,7 +26,9 @@ import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 
 from contracts import SESSIONS_FINISHED, SESSIONS_REQUESTED, SessionFinished, SessionRequested
@@ -98,7 +102,7 @@ class Run:
         self.stack.kill(name)
 
     def tails(self) -> str:
-        names = ("rollout", "scorer", "scorer-2", "learner", "gateway", "gateway-2", "inference")
+        names = ("rollout", "scorer", "scorer-2", "learner", "gateway", "gateway-2", "inference", "dashboard")
         return "\n".join(f"----- {n}.log (tail)\n{self.stack.tail(n, 40)}" for n in names)
 
 
@@ -112,6 +116,25 @@ def _requested(kafka: KafkaSettings) -> list[SessionRequested]:
     return [
         r.event for r in replay(kafka, SESSIONS_REQUESTED, idle_timeout_s=3.0) if isinstance(r.event, SessionRequested)
     ]
+
+
+def _dashboard_agrees(run: Run, report: AuditReport) -> None:
+    """The dashboard (aiokafka, read_committed) saw what the audit (confluent-kafka) found: every weight version up to
+    the audit's newest, no other, and at least the rewards the audit counted (the run goes on meanwhile)."""
+    url = f"http://127.0.0.1:{run.demo.ports['dashboard']}/api/state"
+    assert '"client": "aiokafka"' in (run.stack.logs / "dashboard.log").read_text(), run.stack.tail("dashboard")
+    newest = report.versions[-1]
+    state: dict[str, Any] = {}
+
+    def caught_up() -> bool:
+        nonlocal state
+        state = httpx.get(url, timeout=10).json()
+        return int(state["weight_version"] or 0) >= newest
+
+    run.wait_until(f"the dashboard to see weights version {newest}", caught_up, 60)
+    seen = {int(w["version"]) for w in state["learner"] if int(w["version"]) <= newest}
+    assert seen == set(report.versions), (sorted(seen), report.versions)
+    assert state["rewards_seen"] >= report.counts["sessions rewarded"], state["rewards_seen"]
 
 
 def _worker_of_rank(agent_pid: int, rank: int) -> int:
@@ -133,7 +156,7 @@ def _worker_of_rank(agent_pid: int, rank: int) -> int:
 
 @pytest.fixture
 def demo(toy_demo: Callable[..., Demo]) -> Demo:
-    return toy_demo("floe-e2e-scale-", gateway_nodes=2, scorers=2, learner_ranks=2)
+    return toy_demo("floe-e2e-scale-", gateway_nodes=2, scorers=2, learner_ranks=2, dashboard=True)
 
 
 def test_two_of_everything_lose_one_each_and_topics_stay_exact(demo: Demo) -> None:
@@ -209,6 +232,7 @@ def _scenario(run: Run) -> None:
     assert report.versions[-1] >= v
     # Node 1 ran every session requested after node 2 died (once the group gave it node 2's partitions); one that
     # waited past its group's deadline in a dead node's partition was ended by the rollout ("rollout").
+    _dashboard_agrees(run, report)
     nodes = set(late_finished().values())
     assert "demo-node-1" in nodes and nodes <= {"demo-node-1", "rollout"}, nodes
     run.say(f"done: {len(report.versions)} versions, {report.counts['trajectory batches']} batches, audit clean")
