@@ -227,16 +227,21 @@ def test_rows_of_all_equal_groups_are_skipped_and_the_update_is_the_same(tiny_mo
     assert kl[0].metrics["rows_skipped_zero_advantage"] == 0
 
 
-def test_a_batch_without_signal_still_steps_the_optimizer_and_publishes_a_version(tiny_model_dir, tmp_path):
+def test_a_batch_without_signal_makes_a_version_with_unchanged_weights(tiny_model_dir, tmp_path):
     signal = write_batches(tmp_path, n=1)[0]
     rows = per_request_rows(synthetic_sessions(2, 3, 2, random.Random(3)))
     (tmp_path / "none.arrow").write_bytes(to_ipc(_zero_advantage(rows, {r.group_id for r in rows})))
     batches = [signal, tmp_path / "none.arrow"]
     skip = train_files(settings(tiny_model_dir, tmp_path / "skip"), batches)
+    assert [r.version for r in skip] == [1, 2]
+    assert not skip[1].applied and skip[1].metrics["batch_skipped"] == skip[1].metrics["batch_without_signal"] == 1.0
+    # No AdamW step: the momentum of the first batch does not move the weights again.
+    assert_same_weights(skip[0].checkpoint, skip[1].checkpoint, atol=0.0)
+    # step_without_signal: AdamW steps on the zero gradient, as it does when the rows are computed.
+    step = train_files(settings(tiny_model_dir, tmp_path / "step", step_without_signal=True), batches)
     full = train_files(settings(tiny_model_dir, tmp_path / "full", skip_zero_advantage_rows=False), batches)
-    assert [r.version for r in skip] == [r.version for r in full] == [1, 2]
-    assert skip[1].metrics["rows_trained"] == 0 and skip[1].metrics["grad_norm"] == 0.0
-    # AdamW's momentum moves the weights on a zero gradient, as it did when the rows were computed.
-    assert_same_weights(skip[1].checkpoint, full[1].checkpoint, atol=1e-6)
+    assert [r.version for r in step] == [r.version for r in full] == [1, 2]
+    assert step[1].metrics["rows_trained"] == 0 and step[1].metrics["grad_norm"] == 0.0
+    assert_same_weights(step[1].checkpoint, full[1].checkpoint, atol=1e-6)
     with pytest.raises(AssertionError):
-        assert_same_weights(skip[0].checkpoint, skip[1].checkpoint)
+        assert_same_weights(step[0].checkpoint, step[1].checkpoint)

@@ -60,6 +60,12 @@ class LearnerSettings(BaseSettings):
         description="with no KL term and one optimizer step per batch, a row whose advantage is 0 has a zero "
         "gradient: leave it out of forward and backward (same update; its tokens still count in the loss normaliser)",
     )
+    step_without_signal: bool = Field(
+        default=False,
+        description="step AdamW on a batch whose every row has advantage 0 (a zero gradient: only the momentum of "
+        "earlier batches and the weight decay move the weights); off: such a batch makes a version with unchanged "
+        "weights. Only with skip_zero_advantage_rows in effect (no KL term, one optimizer step per batch)",
+    )
 
     # Batching and hardware
     micro_batch_tokens: int = Field(

@@ -10,7 +10,8 @@
 
 Versions: the base model is version 0 and **every batch taken off the topic produces the next version**. A batch
 that leaves nothing to train (every token masked or stale) or that is rejected (unreadable, another tokenizer's ids:
-dead-lettered) is recorded in the ledger and makes a version with unchanged weights (``metrics["batch_skipped"]``),
+dead-lettered), or whose every row has advantage 0 (no KL term: a zero gradient, ``step_without_signal``), is
+recorded in the ledger and makes a version with unchanged weights (``metrics["batch_skipped"]``),
 so ``step`` (optimizer updates) can lag ``version``. Why: the rollout paces admission by the learner's version (one
 per batch it published, ``rollout.scheduler``); a batch that made no version would hold its lag bound shut for good.
 That happened: sessions cut off by a broker outage were all masked, and the run stalled. On start the learner
@@ -167,8 +168,8 @@ class Learner:
                 f"batch {batch_id}: token id {bad} is outside the vocabulary of {s.model_dir} "
                 f"(ids 0..{self.vocab_size - 1}); the batch was tokenized for another model"
             )
-        # Rows of all-equal groups carry no gradient without a KL term: skipped, the optimizer still steps (AdamW's
-        # momentum and decay move the weights as they would have), and the version advances as for any batch.
+        # Rows of all-equal groups carry no gradient without a KL term: skipped. While other rows have signal the
+        # optimizer steps as it would have with them; a batch with none left makes no update (step_without_signal).
         skip_zero = s.skip_zero_advantage_rows and self.ref is None and s.optimizer_steps_per_batch == 1
         batch = prepare(seqs, self.version, s.max_staleness, s.loss_agg, s.max_seq_len, skip_zero)
         if not batch.stats["tokens_trainable"]:
@@ -176,6 +177,13 @@ class Learner:
             # Deterministic, so a redelivery after a crash makes the same decision even before the ledger is persisted.
             log.warning("batch has no trainable tokens, skipped", batch_id=batch_id, **batch.stats)
             return self.skip(batch_id, batch.stats)
+        if skip_zero and not batch.rows and not s.step_without_signal:
+            # Every group all-equal: the gradient is exactly 0, and an AdamW step would only replay the momentum of
+            # earlier batches (0.67 x lr x sign(g) the step after a lone signal, ~4.5 x over the next 11 such steps).
+            # At the untrained model's ~2 % solve rate that turned one noisy batch into the whole run's update: a CI
+            # demo went 0.025 -> 0.0 held-out with 11 signal-free steps after one. No update; a version all the same.
+            log.info("batch has no signal (every advantage 0), no update", batch_id=batch_id, **batch.stats)
+            return self.skip(batch_id, {**batch.stats, "batch_without_signal": 1.0})
         local = microbatches(batch, s.micro_batch_tokens, info.rank, info.world_size, s.micro_batch_layout)
         mbs = [mb.to(info.device) for mb in local]
 
