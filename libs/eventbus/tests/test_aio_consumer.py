@@ -62,7 +62,7 @@ async def test_aiokafka_reads_committed_events_of_the_librdkafka_producers(
         second = await consumer.next(timeout_s=30)
         assert first is not None and second is not None
         assert first.event == _call(golden, 0) and second.event == _call(golden, 2)  # the aborted call 1 is unseen
-        assert first.key == golden.session_id and first.headers["floe-event"] == b"ModelCallRecorded"
+        assert first.key == golden.group_id and first.headers["floe-event"] == b"ModelCallRecorded"
         # 1: the poison; 2: the aborted write, 3: its abort marker; 4: the committed one
         assert (first.offset, second.offset) == (0, 4)
         await consumer.commit(first)

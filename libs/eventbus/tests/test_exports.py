@@ -14,6 +14,7 @@ EXPECTED = {
     "Consumer",
     "Delivery",
     "EventBusError",
+    "Follower",
     "KafkaFailure",
     "KafkaSettings",
     "Message",

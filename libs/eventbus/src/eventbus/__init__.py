@@ -2,9 +2,10 @@
 
 ``KafkaSettings`` (env ``FLOE_KAFKA_*``), ``configure_logging``, ``ensure_topics``, ``Producer`` (idempotent,
 acks=all, ``await send()`` returns once acked), ``Consumer`` (read_committed, manual commits, poison messages to
-the dead-letter topic), ``TransactionalProcessor`` (exactly-once consume→produce), the error tree in
-``eventbus.errors``, ``health_router`` (/health, /metrics), metric helpers, and crash-only serving (``serve``,
-``critical_task``, ``critical_failure``). Test fixtures: ``eventbus.testing``.
+the dead-letter topic), ``TransactionalProcessor`` (exactly-once consume→produce), ``Follower`` (every partition
+from the beginning and on, no consumer group), the error tree in ``eventbus.errors``, ``health_router`` (/health,
+/metrics), metric helpers, and crash-only serving (``serve``, ``critical_task``, ``critical_failure``). Test
+fixtures: ``eventbus.testing``.
 """
 
 from eventbus.admin import TopicInfo, describe_topics, ensure_topics, ensure_topics_sync, list_topics
@@ -25,6 +26,7 @@ from eventbus.errors import (
     TransactionError,
     map_kafka_errors,
 )
+from eventbus.follow import Follower
 from eventbus.health import health_router
 from eventbus.logging import configure_logging
 from eventbus.producer import Delivery, Producer
@@ -40,6 +42,7 @@ __all__ = [
     "Consumer",
     "Delivery",
     "EventBusError",
+    "Follower",
     "KafkaFailure",
     "KafkaSettings",
     "Message",

@@ -119,6 +119,10 @@ class TransactionalProcessor(Generic[E]):
         self._current: list[Message[E]] | None = None
         self._closed = False
         self._abandoned: list[confluent_kafka.Producer] = []  # hung in librdkafka; kept alive, never used again
+        # Written by the rebalance callbacks (on the client's thread, inside a poll), read by the event loop: a new
+        # frozenset is swapped in, never mutated.
+        self._assigned: frozenset[tuple[str, int]] = frozenset()
+        self._epoch = 0
 
     # ------------------------------------------------------------------------------------------- lifecycle
 
@@ -147,7 +151,9 @@ class TransactionalProcessor(Generic[E]):
                 # Fences older incarnations of this transactional id and aborts their open transaction.
                 producer.init_transactions(self._op_timeout_s)
                 consumer = confluent_kafka.Consumer(self._c_conf)
-                consumer.subscribe(list(self._inputs))
+                consumer.subscribe(
+                    list(self._inputs), on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke
+                )
             return producer, consumer
 
         self._producer, self._consumer = await self._call(create)
@@ -166,6 +172,29 @@ class TransactionalProcessor(Generic[E]):
             if self._executor is not None:
                 self._executor.shutdown(wait=False)
                 self._executor = None
+
+    # ------------------------------------------------------------------------------------------ assignment
+
+    @property
+    def assignment(self) -> frozenset[tuple[str, int]]:
+        """The (topic, partition) pairs this member owns now."""
+        return self._assigned
+
+    @property
+    def assignment_epoch(self) -> int:
+        """Bumped on every assignment and revocation. Rebalances happen only inside a poll, i.e. between
+        transactions; a stage whose state depends on what it owns compares this before handling each batch."""
+        return self._epoch
+
+    def _on_assign(self, consumer: confluent_kafka.Consumer, partitions: list[TopicPartition]) -> None:
+        self._assigned = self._assigned | {(tp.topic, tp.partition) for tp in partitions}
+        self._epoch += 1
+        log.info("partitions assigned", transactional_id=self._txn_id, partitions=len(self._assigned))
+
+    def _on_revoke(self, consumer: confluent_kafka.Consumer, partitions: list[TopicPartition]) -> None:
+        self._assigned = self._assigned - {(tp.topic, tp.partition) for tp in partitions}
+        self._epoch += 1
+        log.info("partitions revoked", transactional_id=self._txn_id, partitions=len(partitions))
 
     # ------------------------------------------------------------------------------------------ consuming
 
@@ -194,7 +223,11 @@ class TransactionalProcessor(Generic[E]):
         first = consumer.poll(self._poll_timeout_s)
         if first is None:
             return []
-        return [first, *consumer.consume(self._max_batch - 1, 0)]
+        raws = [first, *consumer.consume(self._max_batch - 1, 0)]
+        # A rebalance inside consume() can revoke the partition of a message fetched before it: its next owner reads
+        # it from the committed offset, and committing its offset here would move another member's position.
+        owned = self._assigned
+        return [m for m in raws if m.error() is not None or (m.topic(), m.partition()) in owned]
 
     def _open_transaction(self, raws: list[confluent_kafka.Message]) -> list[Message[E]]:
         producer = self._require_producer()
