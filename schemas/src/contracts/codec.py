@@ -1,6 +1,7 @@
 """Bytes <-> events. The only place that knows how an event is laid out on the wire.
 
-Every event is UTF-8 JSON, except that a ``TrajectoryBatch`` with an inline Arrow payload is *framed*:
+Every event is UTF-8 JSON, except that a ``TrajectoryBatch`` or ``GroupAssembled`` with an inline Arrow payload is
+*framed*:
 ``b"FLOE" + u32 header length (big endian) + JSON header + Arrow IPC stream``. The Arrow bytes are returned as a
 zero-copy ``memoryview`` slice of the message, so the learner can open them without copying.
 
@@ -19,7 +20,7 @@ from typing import Any, TypeVar
 from pydantic import ValidationError
 
 from contracts.errors import DecodeError, SchemaVersionError
-from contracts.events import Event, TrajectoryBatch
+from contracts.events import Event, GroupAssembled, TrajectoryBatch
 
 __all__ = ["decode", "encode"]
 
@@ -27,11 +28,13 @@ E = TypeVar("E", bound=Event)
 
 _MAGIC = b"FLOE"
 _HEADER = struct.Struct(">I")
+# Events whose inline Arrow payload travels after the JSON header instead of inside it.
+_FRAMED = (TrajectoryBatch, GroupAssembled)
 
 
 def encode(event: Event) -> bytes:
     header = event.model_dump_json().encode()
-    if isinstance(event, TrajectoryBatch) and event.arrow_ipc is not None:
+    if isinstance(event, _FRAMED) and event.arrow_ipc is not None:
         return _MAGIC + _HEADER.pack(len(header)) + header + event.arrow_ipc
     return header
 
@@ -64,7 +67,7 @@ def decode(model: type[E], data: bytes | memoryview) -> E:
     ):
         raise SchemaVersionError(model.__name__, version, model.SCHEMA_VERSION)
     if payload is not None:
-        if model is not TrajectoryBatch:
+        if model not in _FRAMED:
             raise DecodeError(f"{model.__name__}: unexpected binary frame")
         raw["arrow_ipc"] = payload
     try:

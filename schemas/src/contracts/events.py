@@ -279,18 +279,20 @@ class ModelCallRecorded(Event):
     ``request_same``); with ``request_base_call_index=None`` it is the whole request. Encoder and decoder:
     ``contracts.request_delta``. Token ids and logprobs are compact strings on the wire (``contracts.arrays``).
 
-    Versions: 2 (delta-encoded requests, compact arrays); 1 (whole requests, JSON lists) is still read: it is a v2
-    record whose request has no base.
+    Versions: 3 adds ``group_id`` (the topic's key: a group's calls reach the rollout shard that owns the group); 2
+    (delta-encoded requests, compact arrays) and 1 (whole requests, JSON lists) are still read as v3 records with no
+    group id (the rollout attaches the group from the session's other events) and, for v1, no request base.
 
     Invariant: ``len(completion_logprobs) == len(completion_token_ids)``; each logprob is the sampling logprob of
     that token under the weights of ``weight_version``.
     """
 
-    SCHEMA_VERSION: ClassVar[int] = 2
-    READS: ClassVar[frozenset[int]] = frozenset({1, 2})
-    schema_version: int = 2
+    SCHEMA_VERSION: ClassVar[int] = 3
+    READS: ClassVar[frozenset[int]] = frozenset({1, 2, 3})
+    schema_version: int = 3
 
     session_id: str
+    group_id: str = Field(default="", description="the session's GRPO group (empty in records before v3)")
     call_index: int = Field(ge=0)
     call_id: str
     protocol: Protocol
@@ -328,9 +330,10 @@ class ModelCallRecorded(Event):
     @model_validator(mode="before")
     @classmethod
     def _upgrade(cls, data: Any) -> Any:
-        # v1 -> v2: every v1 field means the same in v2, and a v1 request is whole (no base).
-        if isinstance(data, dict) and data.get("schema_version") == 1:
-            data = {**data, "schema_version": 2}
+        # v1 -> v2 -> v3: every older field means the same, a v1 request is whole (no base), and a record before v3
+        # names no group.
+        if isinstance(data, dict) and data.get("schema_version") in (1, 2):
+            data = {**data, "schema_version": 3}
         return data
 
     @model_validator(mode="after")
@@ -420,6 +423,52 @@ class TrajectoryBatch(Event):
 
     @model_validator(mode="after")
     def _one_payload(self) -> TrajectoryBatch:
+        if (self.arrow_ipc is None) == (self.uri is None):
+            raise ValueError("exactly one of arrow_ipc (inline) and uri (claim check) must be set")
+        if self.uri is not None and not self.sha256:
+            raise ValueError("a claim-check uri needs its sha256")
+        return self
+
+
+class AssembledSession(BaseModel):
+    """One session of an assembled group: how many of the group's rows are its own (rows are in session order)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    session_id: str
+    harness: str
+    rows: int = Field(ge=0)
+    trainable: bool
+    resolved: bool = False
+    stats: dict[str, int] = Field(default_factory=dict, description="reconstruction counts (calls, chains, ...)")
+
+
+class GroupAssembled(Event):
+    """A whole GRPO group turned into trajectory rows (advantages included) by the rollout shard that owns it.
+
+    Producer: rollout shards (each owns the group-keyed partitions the consumer group gave it). Consumer: the
+    rollout leader (one at a time: the topic has one partition), which selects groups, numbers steps and publishes
+    ``TrajectoryBatch``. Published exactly once per group, in the transaction that consumes the group's last input.
+    Rows use ``contracts.arrow.TRAJECTORY_SCHEMA``; the Arrow IPC stream is inline (``arrow_ipc``, framed like a
+    batch's) or a claim check (``uri`` + ``sha256``).
+    """
+
+    group_id: str
+    kind: SessionKind = SessionKind.TRAIN
+    builder: str
+    rollout_step: int = Field(default=0, ge=0)
+    metadata: dict[str, str] = Field(default_factory=dict, description="the scheduler's bookkeeping from the request")
+    zero_signal: bool
+    trainable_sessions: int = Field(ge=0)
+    finished_at: int
+    sessions: list[AssembledSession]
+    uri: str | None = None
+    sha256: str | None = None
+    size_bytes: int = Field(ge=0)
+    arrow_ipc: bytes | memoryview | None = Field(default=None, exclude=True, repr=False)
+
+    @model_validator(mode="after")
+    def _one_payload(self) -> GroupAssembled:
         if (self.arrow_ipc is None) == (self.uri is None):
             raise ValueError("exactly one of arrow_ipc (inline) and uri (claim check) must be set")
         if self.uri is not None and not self.sha256:

@@ -12,6 +12,7 @@ from typing import Any, Generic, TypeVar
 from contracts.events import (
     DeadLetter,
     Event,
+    GroupAssembled,
     ModelCallRecorded,
     RewardPublished,
     SessionCancelRequested,
@@ -26,6 +27,7 @@ __all__ = [
     "DEAD_LETTER",
     "MODEL_CALLS",
     "REWARDS",
+    "ROLLOUT_GROUPS",
     "SESSIONS_CANCEL",
     "SESSIONS_FINISHED",
     "SESSIONS_REQUESTED",
@@ -59,9 +61,13 @@ class Topic(Generic[E]):
     max_message_bytes: int = 1 * MiB
     compacted: bool = False
     extra_config: dict[str, str] = field(default_factory=dict)
+    fallback_key_field: str | None = None  # used when ``key_field`` is empty (records of an older version)
 
     def key_of(self, event: E) -> bytes:
-        return str(getattr(event, self.key_field)).encode()
+        value = getattr(event, self.key_field)
+        if not value and self.fallback_key_field:
+            value = getattr(event, self.fallback_key_field)
+        return str(value).encode()
 
     def with_name(self, name: str) -> Topic[E]:
         """The same topic under another name (tests use uuid-suffixed copies; replay writes to side topics)."""
@@ -74,6 +80,7 @@ class Topic(Generic[E]):
             max_message_bytes=self.max_message_bytes,
             compacted=self.compacted,
             extra_config=dict(self.extra_config),
+            fallback_key_field=self.fallback_key_field,
         )
 
     @property
@@ -96,17 +103,30 @@ class Topic(Generic[E]):
         }
 
 
+# Group-scoped topics are keyed by group id: all of a group's requests, state changes, ends, calls and rewards land on
+# partition hash(group) of each of them, so with equal partition counts (and the range assignor) one rollout shard
+# sees the whole group. Order per session is kept (a session's events share its group's key).
 SESSIONS_REQUESTED = Topic(
-    "floe.sessions.requested", SessionRequested, "session_id", partitions=8, retention_ms=DAY_MS * 3
+    "floe.sessions.requested", SessionRequested, "group_id", partitions=8, retention_ms=DAY_MS * 3
 )
 # Every gateway node reads every cancel request (each with its own group), so one partition is plenty.
 SESSIONS_CANCEL = Topic("floe.sessions.cancel", SessionCancelRequested, "session_id", partitions=1, retention_ms=DAY_MS)
-SESSIONS_STATE = Topic("floe.sessions.state", SessionStateChanged, "session_id", partitions=8)
+SESSIONS_STATE = Topic("floe.sessions.state", SessionStateChanged, "group_id", partitions=8)
 SESSIONS_FINISHED = Topic(
-    "floe.sessions.finished", SessionFinished, "session_id", partitions=8, max_message_bytes=16 * MiB
+    "floe.sessions.finished", SessionFinished, "group_id", partitions=8, max_message_bytes=16 * MiB
 )
-MODEL_CALLS = Topic("floe.model-calls", ModelCallRecorded, "session_id", partitions=8, max_message_bytes=16 * MiB)
-REWARDS = Topic("floe.rewards", RewardPublished, "session_id", partitions=8)
+# A call record before v3 has no group id: it is keyed by its session (``fallback_key_field``).
+MODEL_CALLS = Topic(
+    "floe.model-calls",
+    ModelCallRecorded,
+    "group_id",
+    partitions=8,
+    max_message_bytes=16 * MiB,
+    fallback_key_field="session_id",
+)
+REWARDS = Topic("floe.rewards", RewardPublished, "group_id", partitions=8)
+# Rollout shards -> rollout leader: one partition, so one leader (its owner) selects, numbers and batches.
+ROLLOUT_GROUPS = Topic("floe.rollout.groups", GroupAssembled, "group_id", partitions=1, max_message_bytes=16 * MiB)
 # One partition: batches are consumed in order by the learner; above 16 MiB they go by claim check.
 TRAJECTORY_BATCHES = Topic(
     "floe.trajectory-batches", TrajectoryBatch, "batch_id", partitions=1, max_message_bytes=16 * MiB
@@ -123,6 +143,7 @@ TOPICS: tuple[Topic[Any], ...] = (
     SESSIONS_FINISHED,
     MODEL_CALLS,
     REWARDS,
+    ROLLOUT_GROUPS,
     TRAJECTORY_BATCHES,
     WEIGHTS,
     DEAD_LETTER,

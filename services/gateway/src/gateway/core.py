@@ -380,6 +380,7 @@ class Turn:
             req_delta, whole = _recorded_request(self.req, base, gw.settings.record_request_max_bytes)
             record = ModelCallRecorded(
                 session_id=session.session_id,
+                group_id=session.group_id,
                 call_index=call_index,
                 call_id=self.call_id,
                 protocol=self.protocol,
