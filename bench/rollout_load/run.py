@@ -1,6 +1,6 @@
-"""How far one rollout instance goes: a load generator against the real rollout service, end to end.
+"""How far one rollout instance goes, and how several share the load: a load generator against the real rollout.
 
-    .venv/bin/python bench/rollout_load/run.py [--groups 48] [--group-size 4] [--rates 0,100,400] [--turns 4,12]
+    .venv/bin/python bench/rollout_load/run.py [--groups 48] [--group-size 4] [--rates 0,100,400] [--instances 1,2,3]
 
 The rollout's builder alone folds thousands of calls per second (``bench/rollout``); what a deployment needs is the
 rate one *instance* sustains through everything it does per event: consume from Kafka (read_committed), decode the
@@ -22,9 +22,10 @@ the number that sizes a dedicated core), and the latency from a group's last eve
 (p50 / p95). On this 2-core machine the generator and the broker share the cores with the rollout: the flat-out
 figure is a floor for one instance on its own core, and CPU per call is the figure to scale from.
 
-Not measured here: the balance of partitions over several instances. The assembler is not sharded yet
-(``docs/scaling.md``); running two instances on one consumer group would split groups between them.
-Figures are also written to ``.floe/bench/rollout_load.json``.
+Then the same load flat out over 1, 2 and 3 instances on one consumer group (``--instances``): folded calls/s, and
+the balance: input partitions each instance owns and groups each one assembled, as the busiest over the mean (1.0:
+even). On a machine whose cores are already busy, more instances cannot fold more in total; the balance is the
+figure that carries over. Figures are also written to ``.floe/bench/rollout_load.json``.
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
+
+import httpx
 
 ROOT = Path(__file__).resolve().parents[2]
 # A test fixture, not service code: synthetic token-level sessions (see its docstring).
@@ -102,7 +106,13 @@ def make_load(args: argparse.Namespace) -> tuple[list[tuple[str, Event]], dict[s
         for i, sid in enumerate(sessions):
             ops = random_ops(rng, rng.randint(*args.turns), out_len=(20, 200), tool_len=(20, 600))
             calls = simulate_session(
-                sid, ops, TokenizationMode.EXACT, rng, system_len=args.system_len, task_len=rng.randint(100, 400)
+                sid,
+                ops,
+                TokenizationMode.EXACT,
+                rng,
+                system_len=args.system_len,
+                task_len=rng.randint(100, 400),
+                group_id=group_id,
             )
             events.extend(("calls", c) for c in calls)
             n_calls += len(calls)
@@ -167,52 +177,80 @@ async def publish(
     return t0
 
 
+async def _states(ports: dict[str, int]) -> dict[str, dict[str, Any]]:
+    async with httpx.AsyncClient(timeout=10) as client:
+        return {name: (await client.get(f"http://127.0.0.1:{port}/state")).json() for name, port in ports.items()}
+
+
+async def _settled(ports: dict[str, int], partitions: int, timeout_s: float = 60.0) -> None:
+    """Wait until the instances own every input partition between them and exactly one leads."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        states = await _states(ports)
+        owned = sum(len(st["shard"]["partitions"]) for st in states.values())
+        leaders = sum(bool(st["leader"]) for st in states.values())
+        if owned == partitions and leaders == 1:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"instances own {owned} of {partitions} partitions, {leaders} leader(s)")
+        await asyncio.sleep(0.5)
+
+
 async def run_rate(
     rate: float,
+    instances: int,
     args: argparse.Namespace,
     kafka: KafkaSettings,
     work: Path,
     events: list[tuple[str, Event]],
     calls_per_group: dict[str, int],
 ) -> dict[str, float]:
-    suffix = f".load{int(rate)}"
+    suffix = f".load{int(rate)}x{instances}"
     topics = Topics.with_suffix(suffix)
     await ensure_topics(kafka, topics.all)
-    run_dir = work / f"rate{int(rate)}"
-    port = free_port()
-    spec = ServiceSpec(
-        "rollout",
-        python_module("rollout"),
-        {
-            "FLOE_KAFKA_BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
-            "FLOE_ROLLOUT_SCHEDULE": "false",
-            "FLOE_ROLLOUT_TOPIC_SUFFIX": suffix,
-            "FLOE_ROLLOUT_GROUP_ID": f"rollout{suffix}",
-            "FLOE_ROLLOUT_INSTANCE_ID": f"rollout{suffix}",
-            "FLOE_ROLLOUT_BUILDER": args.builder,
-            "FLOE_ROLLOUT_GROUPS_PER_BATCH": str(args.groups_per_batch),
-            "FLOE_ROLLOUT_GROUP_SELECTION": "off",
-            "FLOE_ROLLOUT_EOT_TOKEN_IDS": json.dumps([EOT]),
-            "FLOE_ROLLOUT_CLAIM_URL": str(run_dir / "batches"),
-            "FLOE_ROLLOUT_DATASET_DIR": "",
-            "FLOE_ROLLOUT_HTTP_PORT": str(port),
-            "FLOE_ROLLOUT_LOG_LEVEL": "WARNING",
-        },
-        ready_url=f"http://127.0.0.1:{port}/health",
-    )
+    run_dir = work / f"rate{int(rate)}x{instances}"
+    ports = {("rollout" if i == 0 else f"rollout-{i + 1}"): free_port() for i in range(instances)}
+    specs = [
+        ServiceSpec(
+            name,
+            python_module("rollout"),
+            {
+                "FLOE_KAFKA_BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
+                "FLOE_ROLLOUT_SCHEDULE": "false",
+                "FLOE_ROLLOUT_TOPIC_SUFFIX": suffix,
+                "FLOE_ROLLOUT_GROUP_ID": f"rollout{suffix}",
+                "FLOE_ROLLOUT_INSTANCE_ID": f"{name}{suffix}",
+                "FLOE_ROLLOUT_BUILDER": args.builder,
+                "FLOE_ROLLOUT_GROUPS_PER_BATCH": str(args.groups_per_batch),
+                "FLOE_ROLLOUT_GROUP_SELECTION": "off",
+                "FLOE_ROLLOUT_EOT_TOKEN_IDS": json.dumps([EOT]),
+                "FLOE_ROLLOUT_CLAIM_URL": str(run_dir / "batches"),
+                "FLOE_ROLLOUT_DATASET_DIR": "",
+                "FLOE_ROLLOUT_HTTP_PORT": str(port),
+                "FLOE_ROLLOUT_LOG_LEVEL": "WARNING",
+            },
+            ready_url=f"http://127.0.0.1:{port}/health",
+        )
+        for name, port in ports.items()
+    ]
     stack = Stack(run_dir)
     last_sent: dict[str, float] = {}
     latencies: list[float] = []
     seen: set[str] = set()
     try:
-        await asyncio.to_thread(stack.start, spec)
-        pid = stack.pid("rollout")
+        for spec in specs:
+            await asyncio.to_thread(stack.start, spec)
+        # The group-keyed inputs the shards share (the leader's topic has one partition, owned by one of them).
+        await _settled(
+            ports, sum(t.partitions for t in (topics.requested, topics.finished, topics.calls, topics.rewards))
+        )
+        pids = [stack.pid(name) for name in ports]
         async with (
             Producer(kafka) as producer,
             Consumer(kafka, [topics.batches], group_id=f"bench{suffix}") as batches,
         ):
             await batches.next(timeout_s=1.0)  # join the group before the load starts
-            cpu0 = cpu_s(pid)
+            cpu0 = sum(cpu_s(pid) for pid in pids)
             sender = asyncio.create_task(publish(producer, topics, events, rate, last_sent))
             deadline = time.monotonic() + args.timeout_s
             while len(seen) < len(calls_per_group):
@@ -229,21 +267,30 @@ async def run_rate(
                     seen.add(group_id)
                     latencies.append(now - last_sent[group_id])
             end = time.monotonic()
-            cpu = cpu_s(pid) - cpu0
+            cpu = sum(cpu_s(pid) for pid in pids) - cpu0
             t0 = await sender
+        states = await _states(ports)
     finally:
         await asyncio.to_thread(stack.stop_all)
     calls = sum(calls_per_group.values())
     wall = end - t0
     latencies.sort()
+    assembled = [int(st["shard"]["groups_assembled"]) for st in states.values()]
+    owned = [len(st["shard"]["partitions"]) for st in states.values()]
     return {
         "offered_calls_per_s": rate,
+        "instances": instances,
         "calls_per_s": calls / wall,
         "cpu_ms_per_call": cpu / calls * 1000,
         "calls_per_cpu_s": calls / cpu if cpu else float("nan"),
         "group_latency_p50_s": statistics.median(latencies),
         "group_latency_p95_s": latencies[min(len(latencies) - 1, int(0.95 * len(latencies)))],
         "wall_s": wall,
+        # Balance: the busiest instance's share over an even share (1.0 = perfectly even).
+        "partitions_max_over_mean": max(owned) / (sum(owned) / len(owned)),
+        "groups_max_over_mean": max(assembled) / (sum(assembled) / len(assembled)),
+        "groups_per_instance": "/".join(str(g) for g in assembled),  # type: ignore[dict-item]
+        "partitions_per_instance": "/".join(str(p) for p in owned),  # type: ignore[dict-item]
     }
 
 
@@ -259,6 +306,7 @@ async def main_async(args: argparse.Namespace) -> int:
         flush=True,
     )
     results: dict[float, dict[str, float]] = {}
+    scaled: dict[int, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="floe-bench-rollout-load-") as tmp:
         work = args.keep or Path(tmp)
         broker = LocalBroker.at(work / "kafka")
@@ -266,9 +314,16 @@ async def main_async(args: argparse.Namespace) -> int:
         kafka = KafkaSettings(bootstrap_servers=address)
         try:
             for rate in args.rates:
-                print(f"== offered {'flat out' if not rate else f'{rate:g} calls/s'}", flush=True)
-                results[rate] = await run_rate(rate, args, kafka, work, events, calls_per_group)
-                print("   " + ", ".join(f"{k} {v:.3g}" for k, v in results[rate].items()), flush=True)
+                print(f"== one instance, offered {'flat out' if not rate else f'{rate:g} calls/s'}", flush=True)
+                results[rate] = await run_rate(rate, 1, args, kafka, work, events, calls_per_group)
+                print("   " + _line(results[rate]), flush=True)
+            for n in args.instances:
+                if n == 1 and 0.0 in results:
+                    scaled[n] = results[0.0]
+                    continue
+                print(f"== {n} instances, flat out", flush=True)
+                scaled[n] = await run_rate(0.0, n, args, kafka, work, events, calls_per_group)
+                print("   " + _line(scaled[n]), flush=True)
         finally:
             await asyncio.to_thread(broker.stop)
     print(
@@ -291,6 +346,23 @@ async def main_async(args: argparse.Namespace) -> int:
         for r in rates[1:]:
             if r:
                 print(f"folded / offered at {r:g}/s: {results[r]['calls_per_s'] / r:.2f}")
+    if scaled:
+        print("\nseveral instances on one consumer group, flat out (same cores: the total cannot grow here)")
+        print(f"{'instances':<30}" + "".join(f"{n:>12}" for n in scaled))
+        for key, label, fmt in (
+            ("calls_per_s", "folded calls/s", "{:>12.0f}"),
+            ("calls_per_cpu_s", "calls per CPU-second (all)", "{:>12.0f}"),
+            ("partitions_per_instance", "input partitions each", "{:>12}"),
+            ("partitions_max_over_mean", "partitions max / mean", "{:>12.2f}"),
+            ("groups_per_instance", "groups assembled each", "{:>12}"),
+            ("groups_max_over_mean", "groups max / mean", "{:>12.2f}"),
+        ):
+            print(f"{label:<30}" + "".join(fmt.format(r[key]) for r in scaled.values()))
+        base = scaled[min(scaled)]["calls_per_s"]
+        print(
+            f"{'folded calls/s ÷ 1 instance':<30}"
+            + "".join(f"{r['calls_per_s'] / base:>12.2f}" for r in scaled.values())
+        )
     figures: dict[str, float | int | str] = {
         "builder": args.builder,
         "groups": args.groups,
@@ -299,9 +371,21 @@ async def main_async(args: argparse.Namespace) -> int:
     }
     for rate, result in results.items():
         tag = "max" if not rate else f"at{int(rate)}"
-        figures.update({f"{k}_{tag}": v for k, v in result.items() if k != "offered_calls_per_s"})
+        figures.update({f"{k}_{tag}": v for k, v in result.items() if k not in ("offered_calls_per_s", "instances")})
+    for n, result in scaled.items():
+        for key in ("calls_per_s", "calls_per_cpu_s", "partitions_max_over_mean", "groups_max_over_mean"):
+            figures[f"{key}_{n}_instances"] = result[key]
+        figures[f"groups_per_instance_{n}_instances"] = result["groups_per_instance"]
     write_report("rollout_load", figures)
     return 0
+
+
+def _line(result: dict[str, Any]) -> str:
+    return ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in result.items())
+
+
+def _ints(value: str) -> list[int]:
+    return [int(v) for v in value.split(",") if v]
 
 
 def _floats(value: str) -> list[float]:
@@ -321,6 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--turns", type=_pair, default=(4, 12), help="model calls per session: lo,hi")
     parser.add_argument("--system-len", type=int, default=1500, help="system prompt tokens")
     parser.add_argument("--rates", type=_floats, default=[0.0, 100.0], help="offered calls/s; 0: flat out")
+    parser.add_argument("--instances", type=_ints, default=[1, 2, 3], help="rollout instances to compare, flat out")
     parser.add_argument("--builder", default="prefix_merging", choices=["prefix_merging", "per_request"])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--keep", type=Path, default=None, help="keep the run directory (logs, broker) here")

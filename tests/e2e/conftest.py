@@ -51,7 +51,9 @@ def toy_demo() -> Iterator[Callable[..., Demo]]:
             "FLOE_ROLLOUT_GROUP_DEADLINE_S": str(GROUP_DEADLINE_S),
             "FLOE_ROLLOUT_CANCEL_GRACE_S": str(CANCEL_GRACE_S),
         }
-        d = Demo(cfg, env_overrides={"rollout": rollout}, hosts=hosts)
+        d = Demo(
+            cfg, env_overrides={name: rollout for name in Demo.instance_names("rollout", cfg.rollouts)}, hosts=hosts
+        )
         d.passed = False  # type: ignore[attr-defined]
         started.append((d, run_dir))
         d.up()

@@ -1,8 +1,8 @@
 """Several instances of each scalable service in one run, one of each killed in turn, and the topics stay exact.
 
-A toy ``floe demo`` runs with 2 gateway nodes, 2 scorer instances and a 2-rank learner (``torchrun``, gloo on CPU)
-over one real Kafka broker. Both nodes and both scorers must do work first; then, each only after training has
-made progress since the previous fault:
+A toy ``floe demo`` runs with 3 rollout instances, 2 gateway nodes, 2 scorer instances and a 2-rank learner
+(``torchrun``, gloo on CPU) over one real Kafka broker. Both nodes, both scorers and at least two rollout shards
+must do work first; then, each only after training has made progress since the previous fault:
 
 - ``kill -9`` of gateway node 2, not restarted: its partitions of ``floe.sessions.requested`` go to node 1, which
   runs every session requested from then on; the sessions that died with node 2 are ended by the rollout's group
@@ -10,13 +10,14 @@ made progress since the previous fault:
 - ``kill -9`` of scorer 2, not restarted: scorer 1 takes its partitions, and a session finished but not yet graded
   there is graded once (its reward is produced in the transaction that commits its input offset);
 - ``kill -9`` of learner rank 1: torchrun's agent tears the worker group down and starts it again; the ranks resume
-  from the last checkpoint and the ledger skips a batch already trained.
+  from the last checkpoint and the ledger skips a batch already trained;
+- ``kill -9`` of the rollout leader, not restarted: another instance takes ``floe.rollout.groups`` and leads (its
+  /state says so), the two survivors share the dead one's partitions, and training goes on.
 
 At the end ``floe.audit`` must find no trajectory lost or duplicated, no duplicate reward, no batch trained twice,
 and every group admitted before the node was killed batched. The dashboard follows the same topics on the other
 Kafka client, aiokafka (the services use confluent-kafka): it must have seen every weight version the audit found
-and at least as many rewards. The rollout runs as one instance: its assembler is not
-sharded yet (docs/scaling.md). The run directory is kept on a failure (``FLOE_E2E_KEEP=1``: always).
+and at least as many rewards. The run directory is kept on a failure (``FLOE_E2E_KEEP=1``: always).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from floe.demo import Demo
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.scale]
 
+ROLLOUTS = ("rollout", "rollout-2", "rollout-3")
 STEP_TIMEOUT_S = 180.0  # per wait for training progress: a restart and a step with every service doubled, on 2 cores
 
 
@@ -102,7 +104,7 @@ class Run:
         self.stack.kill(name)
 
     def tails(self) -> str:
-        names = ("rollout", "scorer", "scorer-2", "learner", "gateway", "gateway-2", "inference", "dashboard")
+        names = (*ROLLOUTS, "scorer", "scorer-2", "learner", "gateway", "gateway-2", "inference", "dashboard")
         return "\n".join(f"----- {n}.log (tail)\n{self.stack.tail(n, 40)}" for n in names)
 
 
@@ -137,6 +139,18 @@ def _dashboard_agrees(run: Run, report: AuditReport) -> None:
     assert state["rewards_seen"] >= report.counts["sessions rewarded"], state["rewards_seen"]
 
 
+def _rollout_leaders(run: Run) -> list[str]:
+    """The rollout instances whose /state says they lead (exactly one, once the group has settled)."""
+    out = []
+    for name in ROLLOUTS:
+        if name in run.killed:
+            continue
+        state = httpx.get(f"http://127.0.0.1:{run.demo.ports[name]}/state", timeout=10).json()
+        if state.get("leader"):
+            out.append(name)
+    return out
+
+
 def _worker_of_rank(agent_pid: int, rank: int) -> int:
     """The pid of torchrun's worker process with ``RANK=rank`` (a child of the agent)."""
     for proc in Path("/proc").iterdir():
@@ -156,7 +170,7 @@ def _worker_of_rank(agent_pid: int, rank: int) -> int:
 
 @pytest.fixture
 def demo(toy_demo: Callable[..., Demo]) -> Demo:
-    return toy_demo("floe-e2e-scale-", gateway_nodes=2, scorers=2, learner_ranks=2, dashboard=True)
+    return toy_demo("floe-e2e-scale-", gateway_nodes=2, scorers=2, learner_ranks=2, rollouts=3, dashboard=True)
 
 
 def test_two_of_everything_lose_one_each_and_topics_stay_exact(demo: Demo) -> None:
@@ -183,6 +197,11 @@ def _scenario(run: Run) -> None:
     run.wait_until(
         "both scorers grading",
         lambda: all(run.log_count(n, '"session scored"') > 0 for n in ("scorer", "scorer-2")),
+        STEP_TIMEOUT_S,
+    )
+    run.wait_until(
+        "two rollout shards assembling groups",
+        lambda: sum(run.log_count(n, '"group assembled"') > 0 for n in ROLLOUTS) >= 2,
         STEP_TIMEOUT_S,
     )
 
@@ -213,6 +232,13 @@ def _scenario(run: Run) -> None:
     )
     assert run.stack.alive("learner"), "torchrun's agent gave up instead of restarting the ranks"
     v = run.wait_version(v + 1)
+
+    leaders = _rollout_leaders(run)
+    assert len(leaders) == 1, leaders
+    run.kill(leaders[0])
+    run.wait_until("another rollout instance to lead", lambda: len(_rollout_leaders(run)) == 1, STEP_TIMEOUT_S)
+    run.say(f"{_rollout_leaders(run)[0]} leads")
+    v = run.wait_version(v + 2)
 
     before = {r.group_id for r in _requested(kafka) if r.requested_at <= killed_at_ms}
     report: AuditReport | None = None

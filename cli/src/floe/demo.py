@@ -140,12 +140,15 @@ class DemoConfig:
     gateway_nodes: int = 1
     scorers: int = 1
     learner_ranks: int = 1
+    # Rollout instances: each assembles the groups of its share of the partitions; the one that owns
+    # floe.rollout.groups leads (selection, batches, scheduling).
+    rollouts: int = 1
     # A session's own deadline (SessionRequested.session_timeout_s); default 300 s (toy) or 900 s (swe). The agent's
     # timeout is at most this.
     session_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("gateway_nodes", "scorers", "learner_ranks"):
+        for name in ("gateway_nodes", "scorers", "learner_ranks", "rollouts"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name.replace('_', ' ')} must be at least 1")
 
@@ -271,6 +274,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--gateway-nodes", type=int, default=None, help="gateway nodes (default 1)")
     p.add_argument("--scorers", type=int, default=None, help="scorer instances (default 1)")
     p.add_argument("--learner-ranks", type=int, default=None, help="learner ranks under torchrun (default 1)")
+    p.add_argument("--rollouts", type=int, default=None, help="rollout instances (default 1)")
     p.add_argument("--timeout", type=float, default=None, help="give up after this many seconds")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--no-dashboard", action="store_true")
@@ -304,6 +308,7 @@ def run(args: argparse.Namespace) -> int:
             gateway_nodes=args.gateway_nodes,
             scorers=args.scorers,
             learner_ranks=args.learner_ranks,
+            rollouts=args.rollouts,
             dashboard=not args.no_dashboard,
             run_dir=Path(args.run_dir).resolve()
             if args.run_dir
@@ -343,7 +348,7 @@ class Demo:
         self.hosts = dict(hosts or {})
         self.run_dir = cfg.run_dir
         self.broker = LocalBroker.at(self.run_dir / "kafka")
-        names = ["inference", *self.gateway_names(), "rollout", "dashboard"]
+        names = ["inference", *self.gateway_names(), *self.rollout_names(), "dashboard"]
         self.ports = {name: free_port() for name in names}
         self.kafka = KafkaSettings()
         self.stack: Stack | None = None
@@ -553,6 +558,9 @@ class Demo:
     def gateway_names(self) -> list[str]:
         return self.instance_names("gateway", self.cfg.gateway_nodes)
 
+    def rollout_names(self) -> list[str]:
+        return self.instance_names("rollout", self.cfg.rollouts)
+
     def learner_argv(self) -> list[str]:
         if self.cfg.learner_ranks == 1:
             return python_module("learner")
@@ -643,26 +651,31 @@ class Demo:
                     "FLOE_LEARNER_DEVICE": "cpu",
                 },
             ),
-            ServiceSpec(
-                "rollout",
-                python_module("rollout"),
-                {
-                    "FLOE_ROLLOUT_SCHEDULE": "true",
-                    "FLOE_ROLLOUT_RUNS": json.dumps(runs),
-                    "FLOE_ROLLOUT_GROUPS_PER_STEP": str(cfg.groups_per_step),
-                    "FLOE_ROLLOUT_GROUPS_PER_BATCH": str(cfg.groups_per_step),
-                    "FLOE_ROLLOUT_MAX_GROUPS_IN_FLIGHT": str(cfg.groups_per_step * 2),
-                    "FLOE_ROLLOUT_MAX_OFF_POLICY_STEPS": str(cfg.max_off_policy_steps),
-                    "FLOE_ROLLOUT_BUILDER": cfg.builder,
-                    "FLOE_ROLLOUT_GROUP_SELECTION": cfg.group_selection,
-                    "FLOE_ROLLOUT_MAX_STEPS": str(cfg.steps),
-                    "FLOE_ROLLOUT_CLAIM_URL": str(run / "rollout" / "batches"),
-                    "FLOE_ROLLOUT_DATASET_DIR": str(run / "rollout" / "dataset"),
-                    "FLOE_ROLLOUT_HTTP_HOST": self._bind("rollout"),
-                    "FLOE_ROLLOUT_HTTP_PORT": str(ports["rollout"]),
-                    "FLOE_ROLLOUT_GROUP_DEADLINE_S": "600",
-                },
-                ready_url=f"http://{self.address('rollout')}:{ports['rollout']}/health",
+            *(
+                ServiceSpec(
+                    name,
+                    python_module("rollout"),
+                    {
+                        "FLOE_ROLLOUT_SCHEDULE": "true",
+                        "FLOE_ROLLOUT_RUNS": json.dumps(runs),
+                        "FLOE_ROLLOUT_GROUPS_PER_STEP": str(cfg.groups_per_step),
+                        "FLOE_ROLLOUT_GROUPS_PER_BATCH": str(cfg.groups_per_step),
+                        "FLOE_ROLLOUT_MAX_GROUPS_IN_FLIGHT": str(cfg.groups_per_step * 2),
+                        "FLOE_ROLLOUT_MAX_OFF_POLICY_STEPS": str(cfg.max_off_policy_steps),
+                        "FLOE_ROLLOUT_BUILDER": cfg.builder,
+                        "FLOE_ROLLOUT_GROUP_SELECTION": cfg.group_selection,
+                        "FLOE_ROLLOUT_MAX_STEPS": str(cfg.steps),
+                        "FLOE_ROLLOUT_CLAIM_URL": str(run / "rollout" / "batches"),
+                        "FLOE_ROLLOUT_DATASET_DIR": str(run / "rollout" / "dataset"),
+                        # One consumer group (the default "rollout"); the instance id is each one's transactional id.
+                        "FLOE_ROLLOUT_INSTANCE_ID": f"demo-{name}",
+                        "FLOE_ROLLOUT_HTTP_HOST": self._bind(name),
+                        "FLOE_ROLLOUT_HTTP_PORT": str(ports[name]),
+                        "FLOE_ROLLOUT_GROUP_DEADLINE_S": "600",
+                    },
+                    ready_url=f"http://{self.address(name)}:{ports[name]}/health",
+                )
+                for name in self.rollout_names()
             ),
         ]
         specs = [

@@ -133,6 +133,7 @@ def simulate_session(
     system_len: int = 16,
     task_len: int = 8,
     delta: bool = True,
+    group_id: str = "",
 ) -> list[ModelCallRecorded]:
     """Play ``ops`` and return the session's recorded calls in call order (every ``Turn`` is one call)."""
     agents = [_Agent(messages=[(SYSTEM, _text(rng, system_len)), (USER, _text(rng, task_len))])]
@@ -185,6 +186,7 @@ def simulate_session(
         calls.append(
             ModelCallRecorded(
                 session_id=session_id,
+                group_id=group_id,
                 call_index=index,
                 call_id=f"{session_id}-c{index}",
                 protocol=Protocol.OPENAI_CHAT,
@@ -294,7 +296,7 @@ def simulate_group(
             )
         )
         ops = random_ops(rng, plan.turns, out_len=(1, 30), tool_len=(1, 40))
-        calls = simulate_session(sid, ops, mode, rng)
+        calls = simulate_session(sid, ops, mode, rng, group_id=group_id)
         events.extend(calls[: len(calls) - plan.lose_calls])
         events.append(
             SessionFinished(

@@ -15,28 +15,22 @@ from __future__ import annotations
 
 import asyncio
 import os
-import queue
 import random
-import signal
-import subprocess
-import sys
-import threading
 import time
-import uuid
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
 
 from contracts import Event
-from eventbus import Consumer, KafkaSettings, Producer, ensure_topics
+from eventbus import KafkaSettings, ensure_topics
 from rollout.batching import load_batch_table
 from rollout.replay import rebuild
 from rollout.service import Topics
 from rollout.settings import RolloutSettings
 
+from .procs import Service, publish, read_topic
 from .simulate import simulate_groups
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -44,67 +38,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 RUNS = int(os.environ.get("FLOE_ROLLOUT_EOS_RUNS", "1"))
 KILLS = 5
 GROUPS = 18
-
-
-class Service:
-    """One incarnation of ``python -m rollout``; stderr (JSON logs) is read on a thread into a queue."""
-
-    def __init__(self, env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rollout"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-        )
-        self.lines: queue.Queue[str] = queue.Queue()
-        self.tail: list[str] = []
-        threading.Thread(target=self._pump, daemon=True).start()
-
-    def _pump(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            self.lines.put(line)
-
-    def wait_for(self, text: str, timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                line = self.lines.get(timeout=0.05)
-            except queue.Empty:
-                if self.proc.poll() is not None:
-                    pytest.fail(f"rollout service exited rc={self.proc.returncode}:\n{''.join(self.tail[-30:])}")
-                continue
-            self.tail.append(line)
-            if text in line:
-                return True
-        return False
-
-    def kill9(self) -> None:
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.kill9()
-
-
-async def _read(kafka: KafkaSettings, topic: Any, isolation: str, settle_s: float = 1.5) -> list[Any]:
-    out: list[Any] = []
-    async with Consumer(
-        kafka, [topic], group_id=f"check-{uuid.uuid4().hex}", config={"isolation.level": isolation}
-    ) as c:
-        while True:
-            msg = await c.next(timeout_s=settle_s)
-            if msg is None:
-                return out
-            out.append(msg.event)
-
-
-async def _publish(kafka: KafkaSettings, topics: Topics, events: list[Event]) -> None:
-    async with Producer(kafka) as p:
-        for event in events:
-            await p.send(topics.for_event(event), event)
 
 
 @pytest.mark.parametrize("run", range(RUNS))
@@ -143,7 +76,7 @@ async def test_kill_9_at_any_moment_neither_loses_nor_duplicates_a_batch(
     }
     mid_transaction_kills = 0
     for kill in range(KILLS):
-        await _publish(kafka_settings, topics, chunks[kill])
+        await publish(kafka_settings, topics, chunks[kill])
         service = Service({**env, "FLOE_ROLLOUT_PAUSE_BEFORE_COMMIT_S": "3"})
         try:
             assert service.wait_for("rollout service ready", 60), "service never became ready"
@@ -159,13 +92,13 @@ async def test_kill_9_at_any_moment_neither_loses_nor_duplicates_a_batch(
             service.kill9()
     assert mid_transaction_kills >= 2, "the kills did not land inside open transactions"
 
-    await _publish(kafka_settings, topics, chunks[KILLS])
+    await publish(kafka_settings, topics, chunks[KILLS])
     final = Service(env)
     try:
         assert final.wait_for("rollout service ready", 60)
         deadline = time.monotonic() + 60
         while True:
-            committed = await _read(kafka_settings, topics.batches, "read_committed", settle_s=0.5)
+            committed = await read_topic(kafka_settings, topics.batches, "read_committed", settle_s=0.5)
             published = Counter(
                 g for b in committed for g in load_batch_table(b).column("group_id").unique().to_pylist()
             )
@@ -174,8 +107,8 @@ async def test_kill_9_at_any_moment_neither_loses_nor_duplicates_a_batch(
     finally:
         final.stop()
 
-    committed = await _read(kafka_settings, topics.batches, "read_committed")
-    uncommitted = await _read(kafka_settings, topics.batches, "read_uncommitted")
+    committed = await read_topic(kafka_settings, topics.batches, "read_committed")
+    uncommitted = await read_topic(kafka_settings, topics.batches, "read_uncommitted")
     published = Counter(g for b in committed for g in load_batch_table(b).column("group_id").unique().to_pylist())
     assert published == Counter({name: 1 for name in groups}), "a group was lost or published twice"
     assert sorted(b.step for b in committed) == list(range(len(committed)))

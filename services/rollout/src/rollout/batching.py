@@ -30,7 +30,7 @@ from contracts import TrajectoryBatch, read_ipc, to_ipc, trajectory_table
 from rollout.groups import GroupResult
 from rollout.trace import ReconstructionStats
 
-__all__ = ["BatchEncoder", "batch_id_for", "load_batch_table"]
+__all__ = ["BatchEncoder", "batch_id_for", "fetch_claim", "load_batch_table", "store_claim"]
 
 
 def batch_id_for(builder: str, group_ids: Sequence[str]) -> str:
@@ -74,16 +74,30 @@ class BatchEncoder:
         return TrajectoryBatch(uri=uri, sha256=sha, **common)
 
     def _store(self, name: str, data: bytes) -> str:
-        fs, root = fsspec.core.url_to_fs(self.claim_url)
-        fs.makedirs(root, exist_ok=True)
-        path = f"{root.rstrip('/')}/{name}"
-        if not (fs.exists(path) and fs.size(path) == len(data)):
-            tmp = f"{path}.tmp-{uuid.uuid4().hex}"
-            with fs.open(tmp, "wb") as fh:
-                fh.write(data)
-            fs.mv(tmp, path)
-        protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-        return path if protocol in ("file", "local") else f"{protocol}://{path}"
+        return store_claim(self.claim_url, name, data)
+
+
+def store_claim(claim_url: str, name: str, data: bytes) -> str:
+    """Write ``data`` under ``claim_url`` as ``name`` (whole, then renamed) unless it is there already; its URI."""
+    fs, root = fsspec.core.url_to_fs(claim_url)
+    fs.makedirs(root, exist_ok=True)
+    path = f"{root.rstrip('/')}/{name}"
+    if not (fs.exists(path) and fs.size(path) == len(data)):
+        tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+        with fs.open(tmp, "wb") as fh:
+            fh.write(data)
+        fs.mv(tmp, path)
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    return path if protocol in ("file", "local") else f"{protocol}://{path}"
+
+
+def fetch_claim(uri: str, sha256: str) -> bytes:
+    """A claim-check file's bytes, checksum verified."""
+    with fsspec.open(uri, "rb") as fh:
+        data: bytes = fh.read()
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise ValueError(f"claim-check file {uri} does not match its sha256")
+    return data
 
 
 def batch_metrics(groups: Sequence[GroupResult]) -> dict[str, float]:
@@ -106,8 +120,4 @@ def load_batch_table(batch: TrajectoryBatch) -> pa.Table:
     if batch.arrow_ipc is not None:
         return read_ipc(batch.arrow_ipc)
     assert batch.uri is not None and batch.sha256 is not None
-    with fsspec.open(batch.uri, "rb") as fh:
-        data = fh.read()
-    if hashlib.sha256(data).hexdigest() != batch.sha256:
-        raise ValueError(f"claim-check file {batch.uri} does not match its sha256")
-    return read_ipc(data)
+    return read_ipc(fetch_claim(batch.uri, batch.sha256))

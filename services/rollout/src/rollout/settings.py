@@ -13,6 +13,7 @@ them a run could stall, see ``rollout.scheduler``).
 from __future__ import annotations
 
 import os
+import socket
 from typing import Any, Literal
 
 import structlog
@@ -62,8 +63,14 @@ class RunSettings(BaseModel):
 class RolloutSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="FLOE_ROLLOUT_", extra="forbid")
 
-    instance_id: str = Field(default="rollout-0", description="stable per instance: the Kafka transactional id")
-    group_id: str = Field(default="rollout", description="Kafka consumer group of the assembler")
+    instance_id: str = Field(
+        default_factory=lambda: f"rollout-{socket.gethostname()}",
+        description="stable per instance and distinct between instances: the shard's Kafka transactional id (the "
+        "leader's is <instance_id>-leader); default rollout-<hostname>, one instance per host",
+    )
+    group_id: str = Field(
+        default="rollout", description="Kafka consumer group every instance joins (the leaders use <group_id>-leader)"
+    )
     # ---- reconstruction
     builder: Literal["per_request", "prefix_merging"] = "prefix_merging"
     eot_token_ids: list[int] | None = Field(default=None, description="end-of-turn ids (default: auto-detect)")
