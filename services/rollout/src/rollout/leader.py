@@ -45,6 +45,7 @@ from eventbus.replay import replay_async
 from rollout.assembled import from_event
 from rollout.batching import BatchEncoder, load_batch_table
 from rollout.metrics import RolloutMetrics
+from rollout.recovery import Stopped, retry_rebuild
 from rollout.scheduler import RunSpec, Scheduler, SchedulerConfig
 from rollout.selection import GroupSelector, PendingBatch
 from rollout.settings import RolloutSettings
@@ -85,6 +86,7 @@ class Leader:
         self.active = False
         self.terms = 0  # how many times this instance became the leader
         self._follower: Follower | None = None
+        self._stop = asyncio.Event()
         self._reset()
 
     def _reset(self) -> None:
@@ -105,6 +107,7 @@ class Leader:
     # ------------------------------------------------------------------------------------------------ running
     async def run(self, stop: asyncio.Event) -> None:
         s = self.settings
+        self._stop = stop
         async with (
             TransactionalProcessor(
                 self.kafka,
@@ -146,6 +149,8 @@ class Leader:
                         await self._on_assignment(tp.assignment)
                     await self._follow_and_schedule(producer)
                     self._update_depths()
+            except Stopped:
+                log.info("leader stopped while waiting for the broker")
             finally:
                 await self._stop_following()
 
@@ -171,6 +176,15 @@ class Leader:
             await follower.close()
 
     async def _recover(self) -> None:
+        """Rebuild, retrying while the broker cannot be reached (a lost leadership may be a broker outage's)."""
+
+        async def attempt() -> None:
+            await self._stop_following()
+            await self._rebuild()
+
+        await retry_rebuild(attempt, self._stop, "leader")
+
+    async def _rebuild(self) -> None:
         self._reset()
         t0 = time.monotonic()
         batches = groups = events = skipped = 0

@@ -36,6 +36,7 @@ from eventbus.replay import replay_async
 from rollout.assembled import to_event
 from rollout.dataset import write_group
 from rollout.groups import GroupAssembler
+from rollout.recovery import Stopped, retry_rebuild
 from rollout.settings import RolloutSettings
 from rollout.topics import Topics
 
@@ -57,6 +58,7 @@ class AssemblerShard:
         self.owned: frozenset[tuple[str, int]] = frozenset()
         self.assembled = 0  # groups this shard published (this incarnation)
         self.rebuilds = 0
+        self._stop = asyncio.Event()
         self._reset()
 
     def _reset(self) -> None:
@@ -71,6 +73,7 @@ class AssemblerShard:
 
     async def run(self, stop: asyncio.Event) -> None:
         s = self.settings
+        self._stop = stop
         async with TransactionalProcessor(
             self.kafka,
             self.inputs,
@@ -85,29 +88,36 @@ class AssemblerShard:
             consumer_overrides={"partition.assignment.strategy": "range"},
         ) as tp:
             epoch = -1
-            while not stop.is_set():
-                async for batch in tp.batches(timeout_s=s.tick_s):
+            try:
+                while not stop.is_set():
+                    async for batch in tp.batches(timeout_s=s.tick_s):
+                        if tp.assignment_epoch != epoch:
+                            epoch = tp.assignment_epoch
+                            await self._recover(tp.assignment)
+                        for msg in batch:
+                            self._observe(msg.event)
+                        self._expire_missing_calls()
+                        produced = self._emit(tp)
+                        if not await tp.commit(batch):
+                            log.warning("shard transaction aborted; rebuilding its groups from the topics")
+                            epoch = tp.assignment_epoch
+                            await self._recover(tp.assignment)
+                        else:
+                            self.assembled += produced
+                        if stop.is_set():
+                            break
                     if tp.assignment_epoch != epoch:
                         epoch = tp.assignment_epoch
                         await self._recover(tp.assignment)
-                    for msg in batch:
-                        self._observe(msg.event)
                     self._expire_missing_calls()
-                    produced = self._emit(tp)
-                    if not await tp.commit(batch):
-                        log.warning("shard transaction aborted; rebuilding its groups from the topics")
-                        epoch = tp.assignment_epoch
-                        await self._recover(tp.assignment)
-                    else:
-                        self.assembled += produced
-                    if stop.is_set():
-                        break
-                if tp.assignment_epoch != epoch:
-                    epoch = tp.assignment_epoch
-                    await self._recover(tp.assignment)
-                self._expire_missing_calls()
+            except Stopped:
+                log.info("shard stopped while waiting for the broker")
 
     async def _recover(self, owned: frozenset[tuple[str, int]]) -> None:
+        """Rebuild, retrying while the broker cannot be reached (a rebalance is what a broker outage ends with)."""
+        await retry_rebuild(lambda: self._rebuild(owned), self._stop, "shard")
+
+    async def _rebuild(self, owned: frozenset[tuple[str, int]]) -> None:
         self._reset()
         self.owned = owned
         self.rebuilds += 1
