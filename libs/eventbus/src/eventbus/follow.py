@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -24,13 +23,10 @@ from typing import Any
 import confluent_kafka
 from confluent_kafka import TopicPartition
 
-from contracts import Event, Topic, decode
-from contracts.errors import ContractError
+from contracts import Topic
 from eventbus.admin import _watermarks
-from eventbus.consumer import raw_key, raw_timestamp
 from eventbus.errors import ClientStateError, TopicMissing, from_kafka_error, map_kafka_errors
-from eventbus.producer import LIBRDKAFKA_LOGGER
-from eventbus.replay import ReplayRecord
+from eventbus.replay import ReplayRecord, reader_conf, to_record
 from eventbus.settings import KafkaSettings
 
 __all__ = ["Follower"]
@@ -62,19 +58,7 @@ class Follower:
         await self._call(self._start_sync)
 
     def _start_sync(self) -> None:
-        conf = {
-            **self._settings.as_librdkafka(),
-            # librdkafka needs a group id to build a consumer; assign() never joins it and we never commit.
-            "group.id": f"floe-follow-{uuid.uuid4().hex}",
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "isolation.level": "read_committed",
-            "enable.partition.eof": False,
-            "max.partition.fetch.bytes": 32 * MiB,
-            "fetch.max.bytes": 64 * MiB,
-            "receive.message.max.bytes": 64 * MiB + 1024,
-            "logger": LIBRDKAFKA_LOGGER,
-        }
+        conf = reader_conf(self._settings, "floe-follow")
         timeout = self._settings.admin_timeout_s
         with map_kafka_errors("follow: create consumer"):
             consumer = confluent_kafka.Consumer(conf)
@@ -123,17 +107,7 @@ class Follower:
                 if mapped.retriable:
                     continue
                 raise mapped
-            name, partition, offset = msg.topic() or "", msg.partition() or 0, msg.offset() or 0
-            value = msg.value() or b""
-            event: Event | None = None
-            error: str | None = None
-            try:
-                event = decode(self._models[name], value)
-            except ContractError as exc:
-                error = f"{type(exc).__name__}: {exc}"
-            out.append(
-                ReplayRecord(name, partition, offset, raw_timestamp(msg), raw_key(msg), event, error, bytes(value))
-            )
+            out.append(to_record(msg, self._models[msg.topic() or ""]))
         if out:
             self._last_progress = time.monotonic()
         if not self.caught_up:

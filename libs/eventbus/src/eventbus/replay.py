@@ -125,6 +125,38 @@ def _resolve(
     return result
 
 
+def reader_conf(settings: KafkaSettings, prefix: str) -> dict[str, Any]:
+    """librdkafka settings of a consumer that reads assigned partitions (read_committed) and never commits."""
+    return {
+        **settings.as_librdkafka(),
+        # librdkafka needs a group id to build a consumer; assign() never joins it and we never commit.
+        "group.id": f"{prefix}-{uuid.uuid4().hex}",
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "isolation.level": "read_committed",
+        "enable.partition.eof": False,
+        "max.partition.fetch.bytes": 32 * MiB,
+        "fetch.max.bytes": 64 * MiB,
+        "receive.message.max.bytes": 64 * MiB + 1024,
+        "logger": LIBRDKAFKA_LOGGER,
+    }
+
+
+def to_record(msg: confluent_kafka.Message, model: type[Event]) -> ReplayRecord:
+    """One fetched message as a record: decoded, or with ``error`` set when it does not decode."""
+    value = msg.value() or b""
+    event: Event | None = None
+    error: str | None = None
+    try:
+        event = decode(model, value)
+    except ContractError as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    return ReplayRecord(
+        msg.topic() or "", msg.partition() or 0, msg.offset() or 0, raw_timestamp(msg), raw_key(msg), event, error,
+        bytes(value),
+    )  # fmt: skip
+
+
 def replay(
     settings: KafkaSettings,
     topics: Topic[Any] | Sequence[Topic[Any]],
@@ -141,19 +173,7 @@ def replay(
     """
     chosen_topics = [topics] if isinstance(topics, Topic) else list(topics)
     models = {t.name: t.model for t in chosen_topics}
-    conf = {
-        **settings.as_librdkafka(),
-        # librdkafka needs a group id to build a consumer; assign() never joins it and we never commit.
-        "group.id": f"floe-replay-{uuid.uuid4().hex}",
-        "enable.auto.commit": False,
-        "enable.auto.offset.store": False,
-        "isolation.level": "read_committed",
-        "enable.partition.eof": False,
-        "max.partition.fetch.bytes": 32 * MiB,
-        "fetch.max.bytes": 64 * MiB,
-        "receive.message.max.bytes": 64 * MiB + 1024,
-        "logger": LIBRDKAFKA_LOGGER,
-    }
+    conf = reader_conf(settings, "floe-replay")
     timeout = settings.admin_timeout_s
     with map_kafka_errors("replay: create consumer"):
         consumer = confluent_kafka.Consumer(conf)
@@ -208,14 +228,7 @@ def replay(
             if offset >= stop[key]:
                 live.discard(key)
                 continue
-            value = msg.value() or b""
-            event: Event | None = None
-            error: str | None = None
-            try:
-                event = decode(models[key[0]], value)
-            except ContractError as exc:
-                error = f"{type(exc).__name__}: {exc}"
-            yield ReplayRecord(key[0], key[1], offset, raw_timestamp(msg), raw_key(msg), event, error, bytes(value))
+            yield to_record(msg, models[key[0]])
             if offset + 1 >= stop[key]:
                 live.discard(key)
     finally:

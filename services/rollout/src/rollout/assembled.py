@@ -15,32 +15,20 @@ from typing import Any
 from contracts import AssembledSession, GroupAssembled, SessionKind, read_ipc, to_ipc, trajectory_rows
 from rollout.batching import fetch_claim, store_claim
 from rollout.groups import GroupResult, SessionRows
-from rollout.trace import ReconstructionStats
+from rollout.trace import COUNTS, ReconstructionStats
 
 __all__ = ["from_event", "to_event"]
 
-_STAT_FIELDS = (
-    "calls",
-    "chains",
-    "merged",
-    "unmatched",
-    "breaks",
-    "prompt_tokens",
-    "masked_tokens",
-    "trainable_tokens",
-    "total_tokens",
-)
-
 
 def _stats_dict(stats: ReconstructionStats) -> dict[str, int]:
-    out = {name: int(getattr(stats, name)) for name in _STAT_FIELDS}
+    out = {name: int(getattr(stats, name)) for name in COUNTS}
     out.update({f"break.{reason}": count for reason, count in sorted(stats.break_reasons.items())})
     return out
 
 
 def _stats_of(raw: dict[str, int]) -> ReconstructionStats:
     stats = ReconstructionStats()
-    for name in _STAT_FIELDS:
+    for name in COUNTS:
         setattr(stats, name, int(raw.get(name, 0)))
     stats.break_reasons = {k.removeprefix("break."): v for k, v in raw.items() if k.startswith("break.")}
     return stats

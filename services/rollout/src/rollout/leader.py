@@ -45,7 +45,7 @@ from eventbus.replay import replay_async
 from rollout.assembled import from_event
 from rollout.batching import BatchEncoder, load_batch_table
 from rollout.metrics import RolloutMetrics
-from rollout.recovery import Stopped, retry_rebuild
+from rollout.recovery import REBUILD_IDLE_S, Stopped, retry_rebuild
 from rollout.scheduler import RunSpec, Scheduler, SchedulerConfig
 from rollout.selection import GroupSelector, PendingBatch
 from rollout.settings import RolloutSettings
@@ -54,8 +54,6 @@ from rollout.topics import Topics
 __all__ = ["Leader"]
 
 log = structlog.get_logger()
-
-REBUILD_IDLE_S = 1.0
 
 
 class Leader:

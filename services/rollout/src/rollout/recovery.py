@@ -17,10 +17,13 @@ import structlog
 
 from eventbus.errors import EventBusError
 
-__all__ = ["Stopped", "retry_rebuild"]
+__all__ = ["REBUILD_IDLE_S", "Stopped", "retry_rebuild"]
 
 log = structlog.get_logger()
 
+# A rebuild stops reading a topic after this long without a message or progress: an open transaction of another
+# producer holds the topic's stable end back, and its messages come through the live consumer anyway.
+REBUILD_IDLE_S = 1.0
 FIRST_DELAY_S = 0.5
 MAX_DELAY_S = 5.0
 

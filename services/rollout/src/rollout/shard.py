@@ -36,17 +36,13 @@ from eventbus.replay import replay_async
 from rollout.assembled import to_event
 from rollout.dataset import write_group
 from rollout.groups import GroupAssembler
-from rollout.recovery import Stopped, retry_rebuild
+from rollout.recovery import REBUILD_IDLE_S, Stopped, retry_rebuild
 from rollout.settings import RolloutSettings
 from rollout.topics import Topics
 
 __all__ = ["AssemblerShard"]
 
 log = structlog.get_logger()
-
-# The rebuild stops reading a topic after this long without a message or progress: an open transaction of another
-# producer holds the topic's stable end back, and its messages come through the live consumer anyway.
-REBUILD_IDLE_S = 1.0
 
 
 class AssemblerShard:

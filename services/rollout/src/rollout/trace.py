@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["BuildResult", "ReconstructionStats", "Trace"]
+__all__ = ["COUNTS", "BuildResult", "ReconstructionStats", "Trace"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +39,20 @@ class Trace:
         return len(self.tokens) - self.prompt_len - self.trainable_tokens
 
 
+# The integer counters of ReconstructionStats (summed by ``add``; carried by GroupAssembled).
+COUNTS = (
+    "calls",
+    "chains",
+    "merged",
+    "unmatched",
+    "breaks",
+    "prompt_tokens",
+    "masked_tokens",
+    "trainable_tokens",
+    "total_tokens",
+)
+
+
 @dataclass(slots=True)
 class ReconstructionStats:
     """Counters of one session's reconstruction (summable across sessions).
@@ -60,17 +74,7 @@ class ReconstructionStats:
     break_reasons: dict[str, int] = field(default_factory=dict)
 
     def add(self, other: ReconstructionStats) -> None:
-        for name in (
-            "calls",
-            "chains",
-            "merged",
-            "unmatched",
-            "breaks",
-            "prompt_tokens",
-            "masked_tokens",
-            "trainable_tokens",
-            "total_tokens",
-        ):
+        for name in COUNTS:
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for reason, count in other.break_reasons.items():
             self.break_reasons[reason] = self.break_reasons.get(reason, 0) + count
