@@ -7,6 +7,11 @@ gateway of this tree and the gateway of ``--baseline`` (a git revision, checked 
 1. gateway CPU per call (time on CPU of the gateway's threads, in ns, over sequential calls, streaming and not);
 2. streaming time-to-first-token, direct to the engine vs through each gateway (OpenAI Chat SSE);
 3. added latency of a whole non-streaming call (gateway - direct, paired calls, same seed), p50 / p99;
+   1 twice: with the gateway alone on the last core, engine and client on the others ("own core": what the gateway's
+   code costs, on a core nothing else runs on), and with every process free to run on every core ("shared cores":
+   the gateway's CPU then also pays the cache misses of running right after the engine's matrix products on the
+   same core). On one core both rows are the shared one. 2-4 run on shared cores (with two cores, pinning would
+   make the client and the engine share one and time the scheduler, not the gateway);
 4. calls/s at 1 / 16 / 64 concurrent sessions, direct vs each gateway;
 5. Kafka bytes of one long exact-mode session (``--turns``, 40 by default) three ways, from the same records:
    naive (every call with its whole prompt ids and whole request, JSON lists), v1 (prompt delta encoding, whole
@@ -174,6 +179,33 @@ def baseline_tree(rev: str) -> Path:
     return tree
 
 
+def pin(pid: int, cpus: set[int]) -> None:
+    """Every thread of ``pid`` may run only on ``cpus`` (torch's worker threads included: affinity is per thread)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            os.sched_setaffinity(int(task.name), cpus)
+        except (ProcessLookupError, FileNotFoundError):  # a thread that ended between listing and setting
+            continue
+
+
+@dataclass
+class Placement:
+    """Where the bench's processes run: ``own`` gives the gateways the last core to themselves (see the docstring)."""
+
+    name: str
+    own: bool
+
+    def apply(self, gateways: list[int], others: list[int]) -> None:
+        """Pin the ``gateways`` and the ``others`` (engine, this client)."""
+        cpus = sorted(os.sched_getaffinity(0) | {c for pid in gateways for c in os.sched_getaffinity(pid)})
+        everything, last = set(cpus), cpus[-1]
+        own = self.own and len(cpus) > 1
+        for pid in gateways:
+            pin(pid, {last} if own else everything)
+        for pid in others:
+            pin(pid, everything - {last} if own else everything)
+
+
 def start_gateway(name: str, engine_url: str, tree: Path, scratch: Path) -> Gateway:
     port = free_port()
     records = scratch / f"records-{name}.jsonl"
@@ -218,6 +250,8 @@ async def ttft(client: httpx.AsyncClient, url: str, headers: dict[str, str], bod
     return time.perf_counter() - t0
 
 
+SHARED, OWN_CORE = Placement("shared cores", own=False), Placement("own core", own=True)
+
 RETRIES = {"count": 0}  # calls resent after a pooled client connection the server had just closed (printed)
 
 
@@ -257,9 +291,9 @@ async def throughput(
     return conc * per_session / (time.perf_counter() - t0)
 
 
-async def cpu_per_call(client: httpx.AsyncClient, gw: Gateway, body: dict[str, Any], n: int) -> float:
+async def cpu_per_call(client: httpx.AsyncClient, gw: Gateway, body: dict[str, Any], n: int, tag: str) -> float:
     """Gateway CPU milliseconds per call over ``n`` sequential calls of one session (nothing else runs in it)."""
-    sid = f"cpu-{'stream' if body.get('stream') else 'json'}"
+    sid = f"cpu-{'stream' if body.get('stream') else 'json'}-{tag.replace(' ', '-')}"
     h = {"authorization": f"Bearer {session(gw.url, sid)}"}
     await call(client, gw.url + "/v1/chat/completions", h, body)  # warm: the session's first call, imports
     c0 = gw.cpu_s()
@@ -364,13 +398,17 @@ async def main_async(quick: bool, baseline: str, turns: int) -> dict[str, Any]:
                 await call(client, engine + "/v1/chat/completions", {}, direct_body)
                 for g in gws:
                     await call(client, g.url + "/v1/chat/completions", heads[g.name], body)
-            cpu = {
-                g.name: (
-                    await cpu_per_call(client, g, body, n_cpu),
-                    await cpu_per_call(client, g, {**body, "stream": True}, n_cpu),
-                )
-                for g in gws
-            }
+            cpu: dict[str, dict[str, tuple[float, float]]] = {}
+            gw_pids, others = [g.proc.pid for g in gws], [proc.pid, os.getpid()]
+            for place in (OWN_CORE, SHARED):
+                place.apply(gw_pids, others)
+                cpu[place.name] = {
+                    g.name: (
+                        await cpu_per_call(client, g, body, n_cpu, place.name),
+                        await cpu_per_call(client, g, {**body, "stream": True}, n_cpu, place.name),
+                    )
+                    for g in gws
+                }
             t_direct: list[float] = []
             t_gw: dict[str, list[float]] = {g.name: [] for g in gws}
             added: dict[str, list[float]] = {g.name: [] for g in gws}
@@ -384,6 +422,7 @@ async def main_async(quick: bool, baseline: str, turns: int) -> dict[str, Any]:
                     x = await call(client, g.url + "/v1/chat/completions", heads[g.name], body)
                     added[g.name].append(x - d)
             rows = []
+            cpu_load: dict[str, dict[int, float]] = {g.name: {} for g in gws}
             for conc in (1, 16, 64):
                 # the gateway always streams from the engine: the engine's own SSE path is the fair baseline too
                 ds = await throughput(
@@ -397,6 +436,7 @@ async def main_async(quick: bool, baseline: str, turns: int) -> dict[str, Any]:
                 per_gw = {}
                 for g in gws:
                     toks = [session(g.url, f"tp{conc}-{i}") for i in range(conc)]
+                    c0 = g.cpu_s()
                     per_gw[g.name] = await throughput(
                         client,
                         g.url + "/v1/chat/completions",
@@ -405,6 +445,7 @@ async def main_async(quick: bool, baseline: str, turns: int) -> dict[str, Any]:
                         conc,
                         per_session,
                     )
+                    cpu_load[g.name][conc] = (g.cpu_s() - c0) / (conc * per_session) * 1000
                 rows.append((conc, ds, per_gw))
             now = next(g for g in gws if g.name == "now")
             await long_session(now, turns, client)
@@ -413,13 +454,14 @@ async def main_async(quick: bool, baseline: str, turns: int) -> dict[str, Any]:
             p.terminate()
             p.wait(10)
     b = session_bytes(now.records, "long")
-    return report(gws, names, cpu, t_direct, t_gw, added, rows, b, turns)
+    return report(gws, names, cpu, cpu_load, t_direct, t_gw, added, rows, b, turns)
 
 
 def report(
     gws: list[Gateway],
     names: dict[str, str],
-    cpu: dict[str, tuple[float, float]],
+    cpu: dict[str, dict[str, tuple[float, float]]],
+    cpu_load: dict[str, dict[int, float]],
     t_direct: list[float],
     t_gw: dict[str, list[float]],
     added: dict[str, list[float]],
@@ -431,55 +473,67 @@ def report(
     order = [g.name for g in gws]
     cols = "".join(f"{names[n]:>22}" for n in order)
     print("\nfloe gateway benchmark (CPU engine, tiny random model; engine, gateways and client in separate processes)")
-    print(f"{'metric':44}{'direct':>12}{cols}")
-    print(f"{'gateway CPU per call, non-streaming (ms)':44}{'':>12}" + "".join(f"{cpu[n][0]:22.2f}" for n in order))
-    print(f"{'gateway CPU per call, streaming (ms)':44}{'':>12}" + "".join(f"{cpu[n][1]:22.2f}" for n in order))
+    print(f"{'metric':52}{'direct':>12}{cols}")
+    for p, c in cpu.items():
+        for i, kind in enumerate(("non-streaming", "streaming")):
+            print(
+                f"{f'gateway CPU per call, {kind} (ms), {p}':52}{'':>12}" + "".join(f"{c[n][i]:22.2f}" for n in order)
+            )
     for name, q in (("streaming TTFT p50 (ms)", 50), ("streaming TTFT p99 (ms)", 99)):
         d = pct(t_direct, q) * ms
-        print(f"{name:44}{d:12.2f}" + "".join(f"{pct(t_gw[n], q) * ms:22.2f}" for n in order))
+        print(f"{name:52}{d:12.2f}" + "".join(f"{pct(t_gw[n], q) * ms:22.2f}" for n in order))
     d50 = pct(t_direct, 50)
     print(
-        f"{'streaming TTFT p50, gateway / direct':44}{'':>12}"
+        f"{'streaming TTFT p50, gateway / direct':52}{'':>12}"
         + "".join(f"{pct(t_gw[n], 50) / d50:22.2f}" for n in order)
     )
     for name, q in (("added latency per call p50 (ms)", 50), ("added latency per call p99 (ms)", 99)):
-        print(f"{name:44}{'':>12}" + "".join(f"{pct(added[n], q) * ms:22.2f}" for n in order))
+        print(f"{name:52}{'':>12}" + "".join(f"{pct(added[n], q) * ms:22.2f}" for n in order))
     for conc, ds, per_gw in rows:
         print(
-            f"{f'calls/s at {conc} sessions (direct: engine SSE)':44}{ds:12.1f}"
+            f"{f'calls/s at {conc} sessions (direct: engine SSE)':52}{ds:12.1f}"
             + "".join(f"{per_gw[n]:22.1f}" for n in order)
+        )
+        print(
+            f"{f'gateway CPU per call at {conc} sessions (ms)':52}{'':>12}"
+            + "".join(f"{cpu_load[n][conc]:22.2f}" for n in order)
         )
     if len(order) == 2:
         n0, n1 = order
-        print(
-            f"this tree / baseline: CPU per call {cpu[n0][0] / cpu[n1][0]:.2f}x "
-            f"(streaming {cpu[n0][1] / cpu[n1][1]:.2f}x)"
-        )
+        for p, c in cpu.items():
+            print(
+                f"this tree / baseline, {p}: CPU per call {c[n0][0] / c[n1][0]:.2f}x "
+                f"(streaming {c[n0][1] / c[n1][1]:.2f}x)"
+            )
     tn, t1, tw = sum(b.naive), sum(b.v1), sum(b.now)
     k = min(10, b.calls // 2)
     print(f"\nKafka bytes of one {b.calls}-call exact-mode session (same records, three encodings)")
-    print(f"{'':44}{'naive':>12}{'v1 (today)':>14}{'v2 (now)':>12}")
-    print(f"{'bytes, whole session':44}{tn:12d}{t1:14d}{tw:12d}")
-    print(f"{'naive / encoding':44}{1.0:12.2f}{tn / t1:14.2f}{tn / tw:12.2f}")
+    print(f"{'':52}{'naive':>12}{'v1 (today)':>14}{'v2 (now)':>12}")
+    print(f"{'bytes, whole session':52}{tn:12d}{t1:14d}{tw:12d}")
+    print(f"{'naive / encoding':52}{1.0:12.2f}{tn / t1:14.2f}{tn / tw:12.2f}")
     first = [statistics.mean(x[:k]) for x in (b.naive, b.v1, b.now)]
     last = [statistics.mean(x[-k:]) for x in (b.naive, b.v1, b.now)]
-    print(f"{f'bytes per call, first {k} calls':44}{first[0]:12.0f}{first[1]:14.0f}{first[2]:12.0f}")
-    print(f"{f'bytes per call, last {k} calls':44}{last[0]:12.0f}{last[1]:14.0f}{last[2]:12.0f}")
+    print(f"{f'bytes per call, first {k} calls':52}{first[0]:12.0f}{first[1]:14.0f}{first[2]:12.0f}")
+    print(f"{f'bytes per call, last {k} calls':52}{last[0]:12.0f}{last[1]:14.0f}{last[2]:12.0f}")
     print(
-        f"{'growth per call (last / first)':44}{last[0] / first[0]:12.2f}{last[1] / first[1]:14.2f}"
+        f"{'growth per call (last / first)':52}{last[0] / first[0]:12.2f}{last[1] / first[1]:14.2f}"
         f"{last[2] / first[2]:12.2f}"
     )
     figures: dict[str, Any] = {"turns": turns}
     for n in order:
         tag = "" if n == "now" else "_baseline"
-        figures[f"gateway_cpu_ms_per_call{tag}"] = round(cpu[n][0], 3)
-        figures[f"gateway_cpu_ms_per_call_streaming{tag}"] = round(cpu[n][1], 3)
+        # CPU on shared cores keeps the keys earlier runs wrote; the gateway on its own core ends in _own_core
+        for place in (SHARED, OWN_CORE):
+            where = "_own_core" if place.own else ""
+            figures[f"gateway_cpu_ms_per_call{tag}{where}"] = round(cpu[place.name][n][0], 3)
+            figures[f"gateway_cpu_ms_per_call_streaming{tag}{where}"] = round(cpu[place.name][n][1], 3)
         figures[f"added_latency_p50_ms{tag}"] = round(pct(added[n], 50) * ms, 3)
         figures[f"added_latency_p99_ms{tag}"] = round(pct(added[n], 99) * ms, 3)
         figures[f"ttft_p50_ms{tag}"] = round(pct(t_gw[n], 50) * ms, 3)
         figures[f"ttft_ratio{tag}"] = round(pct(t_gw[n], 50) / d50, 3)
         for conc, _, per_gw in rows:
             figures[f"calls_per_s_{conc}{tag}"] = round(per_gw[n], 2)
+            figures[f"gateway_cpu_ms_per_call_{conc}_sessions{tag}"] = round(cpu_load[n][conc], 3)
     figures["ttft_p50_ms_direct"] = round(d50 * ms, 3)
     figures["client_retries"] = RETRIES["count"]
     print(f"client calls resent after a stale keep-alive connection: {RETRIES['count']}")

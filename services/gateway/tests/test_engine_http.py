@@ -149,6 +149,37 @@ async def test_silence_is_a_timeout_and_a_refused_port_a_connect_failure() -> No
     await http.aclose()
 
 
+async def test_the_timeout_counts_from_the_last_bytes_not_from_the_first_wait() -> None:
+    """Pieces 0.15 s apart with a 0.4 s timeout: none times out though the body takes longer than the timeout (the
+    connection's one timer moves on as bytes arrive); then silence, and the wait ends with ``Timeout`` (the timer
+    still fires once the engine stops sending)."""
+
+    async def trickle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        for i in range(6):
+            writer.write(chunk(f"data: {i}\n\n".encode()))
+            await writer.drain()
+            await asyncio.sleep(0.15)
+        await asyncio.sleep(5)  # silence
+
+    http = EngineHTTP(timeout_s=0.4, connect_timeout_s=2)
+    async with tcp_server(trickle) as (url, _):
+        resp = await http.request("POST", url + "/x", b"{}")
+        got: list[bytes] = []
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        with pytest.raises(Timeout):
+            async with asyncio.timeout(4):
+                async for line in resp.lines():
+                    if line:
+                        got.append(line)
+        assert got == [f"data: {i}".encode() for i in range(6)]
+        assert loop.time() - t0 > 0.9  # 6 pieces 0.15 s apart, then 0.4 s of silence
+        await resp.aclose()
+    await http.aclose()
+
+
 async def test_a_connection_cut_mid_body_is_a_transport_error() -> None:
     async def cut(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)

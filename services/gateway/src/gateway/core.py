@@ -221,7 +221,7 @@ class Turn:
             plan = await gw.planner.plan(self.session, req, engine_messages, tools, kw)
             prompt, mml = plan.prompt_ids, plan.max_model_len
             self._plan_parent, self._plan_note = plan.extends, plan.note
-            gw.metrics.exact_chain.labels(result=plan.note).inc()
+            gw.metrics.child(gw.metrics.exact_chain, plan.note).inc()
             if plan.extends is None:
                 self.changes.append(f"exact:new_chain:{plan.note}" + (f" ({plan.detail})" if plan.detail else ""))
         else:
@@ -293,7 +293,8 @@ class Turn:
                     # recorded as such but kept out of the TTFT histogram.
                     self._ttft_ms = (time.perf_counter() - self._t0) * 1000
                     if self.req.stream:
-                        self.gw.metrics.ttft.labels(protocol=self.protocol.value).observe(self._ttft_ms / 1000)
+                        m = self.gw.metrics
+                        m.child(m.ttft, self.protocol.value).observe(self._ttft_ms / 1000)
                 ids.extend(chunk.token_ids)
                 lps.extend(chunk.logprobs)
                 version = chunk.weight_version if chunk.weight_version is not None else version
@@ -428,8 +429,8 @@ class Turn:
                 )
             )
             del session.chain[: -gw.settings.exact_history]
-        gw.metrics.tokens.labels(kind="prompt").inc(len(prompt))
-        gw.metrics.tokens.labels(kind="completion").inc(len(ids))
+        gw.metrics.child(gw.metrics.tokens, "prompt").inc(len(prompt))
+        gw.metrics.child(gw.metrics.tokens, "completion").inc(len(ids))
         # debug, not info: one rendered JSON line per call was ~7 % of the gateway's CPU per call (bench/gateway);
         # the counters above and the record itself carry the same facts.
         log.debug(
@@ -467,9 +468,9 @@ class Turn:
             else:
                 why = "unknown"
             self.session.unrecorded[why] = self.session.unrecorded.get(why, 0) + 1
-            m.unrecorded.labels(reason=why).inc()
-        m.calls.labels(protocol=self.protocol.value, status=status).inc()
-        m.duration.labels(protocol=self.protocol.value).observe(time.perf_counter() - self._t0)
+            m.child(m.unrecorded, why).inc()
+        m.child(m.calls, self.protocol.value, status).inc()
+        m.child(m.duration, self.protocol.value).observe(time.perf_counter() - self._t0)
         if self._admitted:
             self._admitted = False
             m.inflight.dec()

@@ -67,6 +67,8 @@ class _Connection(asyncio.Protocol):
         self.idle_since = 0.0
         self._parser: httptools.HttpResponseParser | None = None
         self._waiter: asyncio.Future[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._deadline = 0.0
         self._error: HTTPError | None = None
         self._paused = False
         self._reused = False
@@ -151,19 +153,32 @@ class _Connection(asyncio.Protocol):
             raise self._error
         loop = asyncio.get_running_loop()
         waiter = self._waiter = loop.create_future()
-        timer = loop.call_later(timeout_s, self._time_out, waiter)
+        self._deadline = loop.time() + timeout_s
+        if self._timer is not None and self._timer.when() > self._deadline:  # a shorter timeout than the last wait's
+            self._timer.cancel()
+            self._timer = None
+        if self._timer is None:
+            # One timer per connection, moved on lazily when it fires early, instead of a timer armed and cancelled
+            # per wait: a streamed call waits once per token.
+            self._timer = loop.call_at(self._deadline, self._check_deadline)
         try:
             await waiter
         finally:
-            timer.cancel()
             self._waiter = None
         if self._error is not None:
             raise self._error
 
-    def _time_out(self, waiter: asyncio.Future[None]) -> None:
-        if not waiter.done():
-            waiter.set_exception(Timeout("engine sent nothing in time"))
-            self.close()
+    def _check_deadline(self) -> None:
+        self._timer = None
+        waiter = self._waiter
+        if waiter is None or waiter.done() or self.closed:
+            return  # no wait in progress: the next one arms a timer again
+        loop = asyncio.get_running_loop()
+        if loop.time() < self._deadline:
+            self._timer = loop.call_at(self._deadline, self._check_deadline)
+            return
+        waiter.set_exception(Timeout("engine sent nothing in time"))
+        self.close()
 
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
@@ -176,6 +191,9 @@ class _Connection(asyncio.Protocol):
 
     def close(self) -> None:
         self.closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self.transport is not None:
             self.transport.close()
 

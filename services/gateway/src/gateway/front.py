@@ -35,6 +35,7 @@ from starlette.types import Receive, Scope, Send
 from contracts import PROVIDERS, provider_for_path
 from gateway.auth import strip_session_prefix
 from gateway.errors import GatewayError, InvalidRequest, PayloadTooLarge, render
+from gateway.responses import json_response
 from gateway.routes import provider_routes
 
 __all__ = ["GatewayApp", "error_response", "invalid_request"]
@@ -141,7 +142,7 @@ class GatewayApp(FastAPI):
             kwargs: dict[str, Any] = {"request": Request(scope, receive), "body": body}
             kwargs.update((name, params[name]) for name in call.params)
             result = await call.endpoint(**kwargs)
-            response = result if isinstance(result, Response) else JSONResponse(result)
+            response = result if isinstance(result, Response) else json_response(result)
         except GatewayError as err:
             response = error_response(path, err)
         except Exception as exc:  # the app's on_unexpected handler, for this lane

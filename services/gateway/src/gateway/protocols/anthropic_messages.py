@@ -32,7 +32,7 @@ from gateway.canonical import (
 )
 from gateway.core import Turn
 from gateway.errors import ErrorBody, GatewayError, InvalidRequest, UnsupportedContent
-from gateway.protocols.sse import sse
+from gateway.protocols.sse import Lead, sse
 
 __all__ = ["PROTOCOL", "CountTokensRequest", "MessagesRequest", "render_json", "stream", "to_canonical"]
 
@@ -240,8 +240,8 @@ async def stream(turn: Turn, error_body: ErrorBody) -> AsyncIterator[bytes]:
         "stop_sequence": None,
         "usage": {"input_tokens": len(turn._prompt_ids), "output_tokens": 0},
     }
-    yield sse({"type": "message_start", "message": start}, "message_start")
-    yield sse({"type": "ping"}, "ping")
+    yield Lead(sse({"type": "message_start", "message": start}, "message_start"))
+    yield Lead(sse({"type": "ping"}, "ping"))
     index = -1
     open_kind: str | None = None
 
@@ -272,8 +272,11 @@ async def stream(turn: Turn, error_body: ErrorBody) -> AsyncIterator[bytes]:
                         if kind == "text"
                         else {"type": "thinking", "thinking": "", "signature": ""}
                     )
-                    yield sse(
-                        {"type": "content_block_start", "index": index, "content_block": block}, "content_block_start"
+                    yield Lead(
+                        sse(
+                            {"type": "content_block_start", "index": index, "content_block": block},
+                            "content_block_start",
+                        )
                     )
                 delta = (
                     {"type": "text_delta", "text": ev.text}
@@ -287,13 +290,15 @@ async def stream(turn: Turn, error_body: ErrorBody) -> AsyncIterator[bytes]:
                 index += 1
                 open_kind = None
                 c = ev.call
-                yield sse(
-                    {
-                        "type": "content_block_start",
-                        "index": index,
-                        "content_block": {"type": "tool_use", "id": _tool_id(c.id), "name": c.name, "input": {}},
-                    },
-                    "content_block_start",
+                yield Lead(
+                    sse(
+                        {
+                            "type": "content_block_start",
+                            "index": index,
+                            "content_block": {"type": "tool_use", "id": _tool_id(c.id), "name": c.name, "input": {}},
+                        },
+                        "content_block_start",
+                    )
                 )
                 yield sse(
                     {

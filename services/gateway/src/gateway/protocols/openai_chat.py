@@ -27,7 +27,7 @@ from gateway.canonical import (
 )
 from gateway.core import Turn
 from gateway.errors import ErrorBody, GatewayError, InvalidRequest, UnsupportedContent
-from gateway.protocols.sse import sse
+from gateway.protocols.sse import Lead, sse
 
 __all__ = ["PROTOCOL", "ChatRequest", "render_json", "stream", "to_canonical"]
 
@@ -208,7 +208,7 @@ async def stream(turn: Turn, include_usage: bool, error_body: ErrorBody) -> Asyn
     def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
         return sse({**base, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]})
 
-    yield chunk({"role": "assistant", "content": ""})
+    yield Lead(chunk({"role": "assistant", "content": ""}))
     try:
         async for ev in turn.events():
             if isinstance(ev, TextDelta):

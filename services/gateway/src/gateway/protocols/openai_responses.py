@@ -33,7 +33,7 @@ from gateway.canonical import (
 )
 from gateway.core import Turn
 from gateway.errors import ErrorBody, GatewayError, InvalidRequest, UnsupportedContent
-from gateway.protocols.sse import sse
+from gateway.protocols.sse import Lead, sse
 
 __all__ = ["PROTOCOL", "ResponsesRequest", "render_json", "stream", "to_canonical"]
 
@@ -253,8 +253,8 @@ async def stream(turn: Turn, body: ResponsesRequest, error_body: ErrorBody) -> A
         seq += 1
         return sse(data, kind)
 
-    yield ev("response.created", response=_response(r, "in_progress", [], body))
-    yield ev("response.in_progress", response=_response(r, "in_progress", [], body))
+    yield Lead(ev("response.created", response=_response(r, "in_progress", [], body)))
+    yield Lead(ev("response.in_progress", response=_response(r, "in_progress", [], body)))
     done: list[dict[str, Any]] = []
     open_kind: str | None = None
     buf: list[str] = []
@@ -311,19 +311,23 @@ async def stream(turn: Turn, body: ResponsesRequest, error_body: ErrorBody) -> A
                     open_kind = kind
                     if kind == "message":
                         item = _message_item(r, "", status="in_progress")
-                        yield ev("response.output_item.added", output_index=idx, item=item)
-                        yield ev(
-                            "response.content_part.added",
-                            item_id=item["id"],
-                            output_index=idx,
-                            content_index=0,
-                            part={"type": "output_text", "text": "", "annotations": []},
+                        yield Lead(ev("response.output_item.added", output_index=idx, item=item))
+                        yield Lead(
+                            ev(
+                                "response.content_part.added",
+                                item_id=item["id"],
+                                output_index=idx,
+                                content_index=0,
+                                part={"type": "output_text", "text": "", "annotations": []},
+                            )
                         )
                     else:
-                        yield ev(
-                            "response.output_item.added",
-                            output_index=idx,
-                            item={"type": "reasoning", "id": f"rs_{r.call_id}", "summary": []},
+                        yield Lead(
+                            ev(
+                                "response.output_item.added",
+                                output_index=idx,
+                                item={"type": "reasoning", "id": f"rs_{r.call_id}", "summary": []},
+                            )
                         )
                 buf.append(e.text)
                 if kind == "message":
@@ -348,10 +352,12 @@ async def stream(turn: Turn, body: ResponsesRequest, error_body: ErrorBody) -> A
                     yield b
                 idx = len(done)
                 item = _call_item(e.call, e.index)
-                yield ev(
-                    "response.output_item.added",
-                    output_index=idx,
-                    item={**item, "arguments": "", "status": "in_progress"},
+                yield Lead(
+                    ev(
+                        "response.output_item.added",
+                        output_index=idx,
+                        item={**item, "arguments": "", "status": "in_progress"},
+                    )
                 )
                 yield ev(
                     "response.function_call_arguments.delta",
@@ -376,7 +382,7 @@ async def stream(turn: Turn, body: ResponsesRequest, error_body: ErrorBody) -> A
         yield b
     if not done:
         item = _message_item(r, "")
-        yield ev("response.output_item.added", output_index=0, item=_message_item(r, "", status="in_progress"))
+        yield Lead(ev("response.output_item.added", output_index=0, item=_message_item(r, "", status="in_progress")))
         yield ev("response.output_item.done", output_index=0, item=item)
         done.append(item)
     status = "incomplete" if r.finish_reason == "length" else "completed"

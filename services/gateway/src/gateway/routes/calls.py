@@ -8,7 +8,7 @@ from typing import Any
 
 import structlog
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response
 
 from contracts import Protocol
 from gateway.auth import presented_token
@@ -17,6 +17,7 @@ from gateway.core import Gateway, Turn
 from gateway.errors import NotFound, Unauthenticated
 from gateway.protocols.sse import SSE_HEADERS
 from gateway.registry import Session, SessionRegistry
+from gateway.responses import EventStream, json_response
 
 __all__ = ["ProtocolModule", "gateway_of", "prompt_tokens", "run", "session_of"]
 
@@ -62,10 +63,10 @@ async def run(
     turn = Turn(gateway_of(request), session, canon, api.PROTOCOL)
     await turn.start()
     if canon.stream and stream is not None:
-        return StreamingResponse(stream(turn), media_type="text/event-stream", headers=SSE_HEADERS)
+        return EventStream(stream(turn), headers=SSE_HEADERS)
     async for _ in turn.events():
         pass
-    return JSONResponse(api.render_json(turn.result))
+    return json_response(api.render_json(turn.result))
 
 
 async def prompt_tokens(request: Request, session: Session, canon: CanonicalRequest) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 
 from gateway.core import Turn
 from gateway.errors import (
@@ -23,6 +23,7 @@ from gateway.errors import (
 )
 from gateway.protocols import google_generate
 from gateway.protocols.sse import SSE_HEADERS
+from gateway.responses import EventStream
 from gateway.routes.calls import gateway_of, prompt_tokens, run, session_of
 
 __all__ = ["error_body", "router"]
@@ -76,4 +77,4 @@ async def stream_generate_content(request: Request, model: str, body: google_gen
     turn = Turn(gateway_of(request), session, canon, google_generate.PROTOCOL)
     await turn.start()
     media = "text/event-stream" if sse_mode else "application/json"
-    return StreamingResponse(google_generate.stream(turn, sse_mode, error_body), media_type=media, headers=SSE_HEADERS)
+    return EventStream(google_generate.stream(turn, sse_mode, error_body), media_type=media, headers=SSE_HEADERS)
