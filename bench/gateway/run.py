@@ -412,12 +412,18 @@ async def main_async(quick: bool, baseline: str, turns: int) -> dict[str, Any]:
             t_direct: list[float] = []
             t_gw: dict[str, list[float]] = {g.name: [] for g in gws}
             added: dict[str, list[float]] = {g.name: [] for g in gws}
-            for _ in range(n_lat):  # interleaved, so load drifts hit every column alike
-                t_direct.append(await ttft(client, engine + "/v1/chat/completions", {}, direct_body))
-                for g in gws:
-                    t_gw[g.name].append(await ttft(client, g.url + "/v1/chat/completions", heads[g.name], body))
-            for _ in range(n_lat):
-                for g in gws:
+            # Interleaved, so load drifts hit every column alike, and in a rotating order: a TTFT probe leaves once
+            # it has the first token, and the engine finishes (or aborts) that answer while the next probe starts, so
+            # a fixed order would always hand the same column that leftover work.
+            targets: list[Gateway | None] = [None, *gws]
+            for i in range(n_lat):
+                for g in targets[i % len(targets) :] + targets[: i % len(targets)]:
+                    if g is None:
+                        t_direct.append(await ttft(client, engine + "/v1/chat/completions", {}, direct_body))
+                    else:
+                        t_gw[g.name].append(await ttft(client, g.url + "/v1/chat/completions", heads[g.name], body))
+            for i in range(n_lat):
+                for g in gws[i % len(gws) :] + gws[: i % len(gws)]:
                     d = await call(client, engine + "/v1/chat/completions", {}, direct_body)
                     x = await call(client, g.url + "/v1/chat/completions", heads[g.name], body)
                     added[g.name].append(x - d)
