@@ -92,10 +92,18 @@ def test_first_number_credit_is_exact_on_the_first_integer_only() -> None:
     assert score_answer(task, answer_patch("The number after 47 is 48"))[:3] == (
         0.0,
         False,
-        "first number does not match",
+        "first number 47 does not match: 'The number after 47 is 48'",
     )
     assert score_answer(task, answer_patch("49"))[:2] == (0.0, False)
-    assert score_answer(task, answer_patch("forty-eight"))[:3] == (0.0, False, "the answer holds no number")
+    assert score_answer(task, answer_patch("forty-eight"))[:3] == (
+        0.0,
+        False,
+        "the answer holds no number: 'forty-eight'",
+    )
+    # What a reason quotes of an answer is bounded.
+    long = "The answer is a special number, " * 10
+    reason = score_answer(task, answer_patch(long))[2]
+    assert reason == "the answer holds no number: 'The answer is a special number, The answ…'"
     assert score_answer(task, "")[:2] == (0.0, False)
 
 

@@ -68,15 +68,22 @@ def grade_answer(task: Task, diff: str) -> tuple[bool, str]:
     if given is None:
         return False, f"the diff does not write {ANSWER_FILE}"
     if task.answer_credit == "first_number":
+        # A wrong answer's reason says what was answered (a run whose solve rate collapses is read from these).
         found = _INTEGER.search(given)
         if found is None:
-            return False, "the answer holds no number"
+            return False, f"the answer holds no number: {_quote(given)}"
         if int(found.group(0)) == int(task.answer.strip()):
             return True, "first number matches"
-        return False, "first number does not match"
+        return False, f"first number {int(found.group(0))} does not match: {_quote(given)}"
     if given.strip() == task.answer.strip():
         return True, "answer matches"
     return False, "answer does not match"
+
+
+def _quote(given: str, limit: int = 40) -> str:
+    """The start of an answer, quoted, for a reason (untrusted text: bounded, escapes visible)."""
+    text = given.strip()
+    return repr(text[:limit] + "…" if len(text) > limit else text)
 
 
 def score_answer(task: Task, diff: str) -> tuple[float, bool, str]:
