@@ -18,6 +18,10 @@ gateway of this tree and the gateway of ``--baseline`` (a git revision, checked 
    request, JSON lists: what ``ModelCallRecorded`` v1 wrote) and this tree's records as written; and how bytes per
    call grow from the first to the last ten calls (linear growth of a session = flat bytes per call).
 
+A third column, the *floor* (``floor.py``), is the least any proxy on this stack costs: uvicorn and the gateway's
+engine hop handing the engine's bytes back untouched (no validation, parsing or record). The bench prints how far
+above it this tree is; what the floor itself costs (the event loop, the sockets) no change inside the gateway removes.
+
 Each gateway runs in its own process with a sink that encodes each ``ModelCallRecorded`` exactly as the producer
 would (``contracts.encode``) and counts the bytes, so no broker is needed; Kafka stores those bytes before any
 compression. Engine, gateways and this client are separate processes on one machine, so they compete for cores:
@@ -53,6 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from report import write
 
 CONTROL = "bench-control"
+FLOOR = "floor"  # the name of the floor column's process (``floor.py``)
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_BASELINE = "9946ec0"  # main before the engine-hop client, the non-streamed upstream and the front door
 SRC_DIRS = [
@@ -216,6 +221,18 @@ def start_gateway(name: str, engine_url: str, tree: Path, scratch: Path) -> Gate
     url = f"http://127.0.0.1:{port}"
     wait_http(url + "/healthz", proc, f"gateway {name}", 60)
     return Gateway(name, proc, url, records)
+
+
+def start_floor(engine_url: str, scratch: Path) -> Gateway:
+    """The floor column (``floor.py``): uvicorn and this tree's engine hop, forwarding bytes, nothing else."""
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(ROOT / d) for d in SRC_DIRS)}
+    log = (scratch / "floor.log").open("wb")
+    argv = [sys.executable, str(Path(__file__).resolve().parent / "floor.py"), engine_url, str(port)]
+    proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    wait_http(url + "/healthz", proc, "floor", 60)
+    return Gateway(FLOOR, proc, url, scratch / "floor-has-no-records")
 
 
 def session(gw: str, sid: str, mode: str = "canonical") -> str:
@@ -383,6 +400,8 @@ async def main_async(quick: bool, baseline: str, turns: int) -> dict[str, Any]:
         for tree in trees.values():
             gws.append(start_gateway("now" if tree == ROOT else "base", engine, tree, scratch))
         names = dict(zip((g.name for g in gws), trees, strict=True))
+        gws.append(start_floor(engine, scratch))
+        names[FLOOR] = "floor: proxy only"
         async with httpx.AsyncClient(timeout=300, limits=httpx.Limits(max_connections=200)) as client:
             body = {
                 "model": "policy",
@@ -504,13 +523,17 @@ def report(
             f"{f'gateway CPU per call at {conc} sessions (ms)':52}{'':>12}"
             + "".join(f"{cpu_load[n][conc]:22.2f}" for n in order)
         )
-    if len(order) == 2:
-        n0, n1 = order
-        for p, c in cpu.items():
+    for p, c in cpu.items():
+        if "base" in c:
             print(
-                f"this tree / baseline, {p}: CPU per call {c[n0][0] / c[n1][0]:.2f}x "
-                f"(streaming {c[n0][1] / c[n1][1]:.2f}x)"
+                f"this tree / baseline, {p}: CPU per call {c['now'][0] / c['base'][0]:.2f}x "
+                f"(streaming {c['now'][1] / c['base'][1]:.2f}x)"
             )
+        print(
+            f"this tree above the floor, {p}: {c['now'][0] - c[FLOOR][0]:.2f} ms per call "
+            f"(streaming {c['now'][1] - c[FLOOR][1]:.2f} ms); the floor is {c[FLOOR][0] / c['now'][0]:.0%} "
+            f"of this tree's CPU per call ({c[FLOOR][1] / c['now'][1]:.0%} streaming)"
+        )
     tn, t1, tw = sum(b.naive), sum(b.v1), sum(b.now)
     k = min(10, b.calls // 2)
     print(f"\nKafka bytes of one {b.calls}-call exact-mode session (same records, three encodings)")
@@ -527,7 +550,7 @@ def report(
     )
     figures: dict[str, Any] = {"turns": turns}
     for n in order:
-        tag = "" if n == "now" else "_baseline"
+        tag = {"now": "", "base": "_baseline", FLOOR: "_floor"}[n]
         # CPU on shared cores keeps the keys earlier runs wrote; the gateway on its own core ends in _own_core
         for place in (SHARED, OWN_CORE):
             where = "_own_core" if place.own else ""
