@@ -92,7 +92,7 @@ def test_first_number_credit_is_exact_on_the_first_integer_only() -> None:
     assert score_answer(task, answer_patch("The number after 47 is 48"))[:3] == (
         0.0,
         False,
-        "first number 47 does not match: 'The number after 47 is 48'",
+        "first number '47' does not match: 'The number after 47 is 48'",
     )
     assert score_answer(task, answer_patch("49"))[:2] == (0.0, False)
     assert score_answer(task, answer_patch("forty-eight"))[:3] == (
@@ -100,7 +100,11 @@ def test_first_number_credit_is_exact_on_the_first_integer_only() -> None:
         False,
         "the answer holds no number: 'forty-eight'",
     )
-    # What a reason quotes of an answer is bounded.
+    assert score_answer(task, answer_patch("0048"))[:2] == (1.0, True)
+    assert score_answer(task, answer_patch("-48"))[:2] == (0.0, False)
+    # A number too long for int() is a wrong answer, not a grading error; what a reason quotes of it is bounded.
+    huge = score_answer(task, answer_patch("9" * 5000))
+    assert huge[:2] == (0.0, False) and len(huge[2]) < 120, huge[2][:200]
     long = "The answer is a special number, " * 10
     reason = score_answer(task, answer_patch(long))[2]
     assert reason == "the answer holds no number: 'The answer is a special number, The answ…'"

@@ -72,12 +72,20 @@ def grade_answer(task: Task, diff: str) -> tuple[bool, str]:
         found = _INTEGER.search(given)
         if found is None:
             return False, f"the answer holds no number: {_quote(given)}"
-        if int(found.group(0)) == int(task.answer.strip()):
+        first = _integer_text(found.group(0))
+        if first == _integer_text(task.answer.strip()):
             return True, "first number matches"
-        return False, f"first number {int(found.group(0))} does not match: {_quote(given)}"
+        return False, f"first number {_quote(first, 24)} does not match: {_quote(given)}"
     if given.strip() == task.answer.strip():
         return True, "answer matches"
     return False, "answer does not match"
+
+
+def _integer_text(number: str) -> str:
+    """An integer's canonical digits ("+048" -> "48", "-0" -> "0"), compared as text: ``int()`` refuses numbers of more
+    than 4,300 digits, and a model may well answer with one."""
+    digits = number.lstrip("+-").lstrip("0") or "0"
+    return "-" + digits if number.startswith("-") and digits != "0" else digits
 
 
 def _quote(given: str, limit: int = 40) -> str:
