@@ -19,7 +19,7 @@ import confluent_kafka
 import pytest
 
 from contracts import REWARDS, SESSIONS_FINISHED, Outcome, RewardPublished, SessionFinished, SessionState, Topic, encode
-from eventbus import KafkaSettings
+from eventbus import KafkaSettings, OperationTimeout
 from eventbus.replay import replay, replay_async
 
 pytestmark = pytest.mark.integration
@@ -134,3 +134,27 @@ async def test_leaving_replay_async_early_closes_its_consumer(
     while set(replay_threads()) - before and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     assert not set(replay_threads()) - before, "the replay's worker thread (and its consumer) outlived the loop"
+
+
+def test_an_open_transaction_ends_a_read_early_unless_the_end_is_required(
+    kafka_settings: KafkaSettings, topic_factory: Callable[..., Topic[Any]]
+) -> None:
+    """The rollout leader's rebuild: a dead producer's open transaction holds the stable end back, and a batch
+    committed after it is unseen. A plain read stops there without a word; ``require_end`` says so (retriable), and
+    once the transaction ends the read gets everything."""
+    topic = topic_factory(SESSIONS_FINISHED, partitions=1)
+    dead = confluent_kafka.Producer({**kafka_settings.as_librdkafka(), "transactional.id": f"dead-{uuid.uuid4().hex}"})
+    dead.init_transactions(30)
+    dead.begin_transaction()
+    dead.produce(topic.name, encode(finished("open-0")), b"open-0")
+    assert dead.flush(30) == 0  # written, never committed: the producer is "killed" here
+    write_transactions(kafka_settings, topic)  # committed a0 a1 c0 behind it
+
+    assert list(replay(kafka_settings, topic, idle_timeout_s=1.0)) == []  # ends at the stable end, silently
+    with pytest.raises(OperationTimeout, match="short of the end") as exc:
+        list(replay(kafka_settings, topic, idle_timeout_s=1.0, require_end=True))
+    assert exc.value.retriable
+
+    dead.abort_transaction(30)  # what the coordinator does at transaction.timeout.ms
+    names = [r.event.session_id for r in replay(kafka_settings, topic, idle_timeout_s=IDLE_S, require_end=True)]
+    assert names == ["a0", "a1", "c0"]

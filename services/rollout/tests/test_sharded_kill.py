@@ -76,6 +76,9 @@ async def test_three_instances_share_the_groups_and_survive_two_kills(
         "FLOE_ROLLOUT_TICK_S": "0.2",
         "FLOE_ROLLOUT_GROUP_SELECTION": "off",
         "FLOE_ROLLOUT_PAUSE_BEFORE_COMMIT_S": "1.5",
+        # The killed leader's open transaction holds the next leader's rebuild back until it times out (the default
+        # 60 s would outlast the waits below).
+        "FLOE_ROLLOUT_TRANSACTION_TIMEOUT_S": "15",
     }
     services = [Service({**base, "FLOE_ROLLOUT_INSTANCE_ID": f"{rollout_settings.instance_id}-{i}"}) for i in range(3)]
     try:

@@ -32,7 +32,7 @@ from contracts import Event, Topic, decode
 from contracts.errors import ContractError
 from eventbus.admin import _watermarks
 from eventbus.consumer import raw_key, raw_timestamp
-from eventbus.errors import TopicMissing, from_kafka_error, map_kafka_errors
+from eventbus.errors import OperationTimeout, TopicMissing, from_kafka_error, map_kafka_errors
 from eventbus.producer import LIBRDKAFKA_LOGGER
 from eventbus.settings import KafkaSettings
 
@@ -165,11 +165,19 @@ def replay(
     end: Position | None = None,
     partitions: Sequence[int] | None = None,
     idle_timeout_s: float = 5.0,
+    require_end: bool = False,
 ) -> Generator[ReplayRecord, None, None]:
     """Yield the records of ``topics`` (one topic or several) in ``[start, end)``, interleaved as fetched.
 
     ``start``, ``end`` and ``partitions`` apply to every topic; a topic (or a chosen partition) that does not exist
     raises ``TopicMissing`` before anything is yielded.
+
+    The default ``end`` is where a read_committed reader stops today: the stable end, before the first open
+    transaction. A producer that died mid-transaction keeps it there until the transaction times out, so records
+    committed after that transaction are not read; a reader that also consumes the topic live gets them from there.
+    With ``require_end`` the default end is the log's end instead, and a read held back short of it for
+    ``idle_timeout_s`` raises ``OperationTimeout`` (retriable): for a caller that must have seen every committed
+    record (state nothing else will bring it), an early end is a wrong answer.
     """
     chosen_topics = [topics] if isinstance(topics, Topic) else list(topics)
     models = {t.name: t.model for t in chosen_topics}
@@ -177,6 +185,8 @@ def replay(
     timeout = settings.admin_timeout_s
     with map_kafka_errors("replay: create consumer"):
         consumer = confluent_kafka.Consumer(conf)
+        # Offsets come from a read_committed consumer as the stable end; the log's end needs a read_uncommitted one.
+        ends = confluent_kafka.Consumer({**conf, "isolation.level": "read_uncommitted"}) if require_end else consumer
     try:
         begin: dict[tuple[str, int], int] = {}
         stop: dict[tuple[str, int], int] = {}
@@ -191,7 +201,7 @@ def replay(
                 raise TopicMissing(f"topic {name} has no partition {unknown} (it has {len(meta.partitions)})")
             with map_kafka_errors(f"replay {name}: offsets"):
                 first = _resolve(consumer, name, chosen, start, -2, timeout)
-                last = _resolve(consumer, name, chosen, end, -1, timeout)
+                last = _resolve(ends, name, chosen, end, -1, timeout)
             begin.update({(name, p): first[p] for p in chosen})
             stop.update({(name, p): last[p] for p in chosen})
         live = {tp for tp in begin if begin[tp] < stop[tp]}
@@ -212,6 +222,12 @@ def replay(
                             live.discard((tp.topic, tp.partition))
                             last_progress = time.monotonic()
                 if live and time.monotonic() - last_progress > idle_timeout_s:
+                    if require_end:
+                        where = ", ".join(f"{n}[{p}] < {stop[(n, p)]}" for n, p in sorted(live))
+                        raise OperationTimeout(
+                            f"replay {label}: no progress for {idle_timeout_s:g}s short of the end ({where}); an open "
+                            "transaction holds the stable offset back"
+                        )
                     return
                 continue
             err = msg.error()
@@ -233,6 +249,8 @@ def replay(
                 live.discard(key)
     finally:
         consumer.close()
+        if ends is not consumer:
+            ends.close()
 
 
 async def replay_async(
@@ -243,6 +261,7 @@ async def replay_async(
     end: Position | None = None,
     partitions: Sequence[int] | None = None,
     idle_timeout_s: float = 5.0,
+    require_end: bool = False,
     chunk_bytes: int = 16 * MiB,
 ) -> AsyncGenerator[ReplayRecord, None]:
     """``replay`` for event-loop code: the same records, while the loop keeps serving (e.g. ``/health``).
@@ -251,7 +270,15 @@ async def replay_async(
     records over in chunks of up to ``chunk_bytes`` of message values (at least one record), so a topic of large
     batches is never held in memory whole. Leaving the loop early closes the consumer on that thread.
     """
-    records = replay(settings, topics, start=start, end=end, partitions=partitions, idle_timeout_s=idle_timeout_s)
+    records = replay(
+        settings,
+        topics,
+        start=start,
+        end=end,
+        partitions=partitions,
+        idle_timeout_s=idle_timeout_s,
+        require_end=require_end,
+    )
     loop = asyncio.get_running_loop()
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="floe-replay")
     try:

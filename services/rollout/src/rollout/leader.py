@@ -11,7 +11,10 @@ produced in it with the groups' offsets. On taking the partition (and after an a
 rebuilds its state from the topics, as the single-instance rollout did:
 
 1. the batches topic to its end: groups already batched are skipped from now on, the next step is one past the last
-   batch's, and group selection learns which steps are done;
+   batch's, and group selection learns which steps are done. "To its end" is the high watermark, not the stable end
+   a read_committed reader stops at: while a leader killed mid-transaction holds its transaction open (up to
+   ``transaction_timeout_s``), batches committed after it stay unseen, so the rebuild waits for it to end;
+   a rebuild that stopped there would publish those batches again;
 2. the groups topic to its end: every group not batched yet goes through selection again (kept ones back to the
    buffer, dropped ones dropped again, and the scheduler hears of the drops before its first tick);
 3. a ``Follower`` reads the scheduling inputs (requests, cancels, state changes, ends, weights) from *every*
@@ -114,6 +117,7 @@ class Leader:
                 transactional_id=f"{s.instance_id}-leader",
                 max_batch=200,
                 static_membership=False,
+                transaction_timeout_s=s.transaction_timeout_s,
             ) as tp,
             Producer(self.kafka) as producer,
         ):
@@ -186,7 +190,11 @@ class Leader:
         self._reset()
         t0 = time.monotonic()
         batches = groups = events = skipped = 0
-        async for record in replay_async(self.kafka, self.topics.batches, idle_timeout_s=REBUILD_IDLE_S):
+        # To its end, whatever it takes (retried while an open transaction holds it back): a batch committed behind
+        # a dead leader's open transaction reaches this leader by no other way, and one it did not see would be
+        # published again, under a step number used twice.
+        batches_topic = replay_async(self.kafka, self.topics.batches, idle_timeout_s=REBUILD_IDLE_S, require_end=True)
+        async for record in batches_topic:
             event = record.event
             if event is None:
                 skipped += 1

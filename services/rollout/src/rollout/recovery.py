@@ -22,7 +22,9 @@ __all__ = ["REBUILD_IDLE_S", "Stopped", "retry_rebuild"]
 log = structlog.get_logger()
 
 # A rebuild stops reading a topic after this long without a message or progress: an open transaction of another
-# producer holds the topic's stable end back, and its messages come through the live consumer anyway.
+# producer holds the topic's stable end back, and its messages come through the live consumer anyway. A topic that no
+# live consumer brings (the batches for the leader, the groups for a shard) is read with ``require_end`` instead:
+# the rebuild is retried until the read reaches the log's end.
 REBUILD_IDLE_S = 1.0
 FIRST_DELAY_S = 0.5
 MAX_DELAY_S = 5.0

@@ -99,6 +99,15 @@ class RolloutSettings(BaseSettings):
         default=60.0, gt=0, description="end a cancelled session ourselves (CANCELLED) if its node has not by then"
     )
     tick_s: float = Field(default=0.5, gt=0)
+    transaction_timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="the Kafka transaction.timeout.ms of the shard's and the leader's transactions, in seconds: an "
+        "instance killed mid-transaction leaves it open this long, and the rebuilds of the others wait for it to end "
+        "before they read the groups and batches topics. A transaction is one poll of input, well under a second, but "
+        "librdkafka also bounds each message's delivery by it: at 15 s tests/e2e/test_scale_out stalled in 2 of 4 "
+        "runs (cause not found), at 60 s in none of 4",
+    )
     # ---- topics (tests and side deployments use renamed copies)
     topic_suffix: str = Field(default="", description="appended to every topic name, e.g. '.t-abc123'")
     # ---- HTTP (/state, /metrics)

@@ -76,6 +76,7 @@ class AssemblerShard:
             group_id=s.group_id,
             transactional_id=s.instance_id,
             max_batch=500,
+            transaction_timeout_s=s.transaction_timeout_s,
             # Static membership turns a session timeout during a broker restart into a fatal "static consumer
             # fenced" error (seen in tests/e2e); a dynamic member just rejoins. Zombies are still fenced by the
             # transactional id and the group generation sent with the offsets.
@@ -119,7 +120,10 @@ class AssemblerShard:
         self.rebuilds += 1
         t0 = time.monotonic()
         groups = events = skipped = 0
-        async for record in replay_async(self.kafka, self.topics.groups, idle_timeout_s=REBUILD_IDLE_S):
+        # To its end (retried while a dead shard's open transaction holds it back): a group assembled behind it would
+        # be assembled again, and nothing else brings this shard the groups topic.
+        groups_topic = replay_async(self.kafka, self.topics.groups, idle_timeout_s=REBUILD_IDLE_S, require_end=True)
+        async for record in groups_topic:
             event = record.event
             if event is None:
                 skipped += 1
