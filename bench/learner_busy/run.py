@@ -74,7 +74,7 @@ from contracts import (  # noqa: E402
     WeightsPublished,
 )
 from eventbus import Consumer, KafkaSettings, Producer, ensure_topics  # noqa: E402
-from eventbus.broker import LocalBroker, free_port  # noqa: E402
+from eventbus.broker import LocalBroker, free_port, free_ports  # noqa: E402
 from eventbus.logging import configure_logging  # noqa: E402
 from floe.stack import ServiceSpec, Stack, python_module  # noqa: E402
 from rollout.service import Topics  # noqa: E402
@@ -312,7 +312,7 @@ async def main_async(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="floe-bench-busy-") as tmp:
         work = args.keep or Path(tmp)
         broker = LocalBroker.at(work / "kafka")
-        address = await asyncio.to_thread(broker.start, free_port(), free_port(), owner_pid=os.getpid())
+        address = await asyncio.to_thread(broker.start, *free_ports(2), owner_pid=os.getpid())
         kafka = KafkaSettings(bootstrap_servers=address)
         results: dict[str, dict[str, float]] = {}
         try:

@@ -64,7 +64,7 @@ from contracts import (  # noqa: E402
     TrajectoryBatch,
 )
 from eventbus import Consumer, KafkaSettings, Producer, ensure_topics  # noqa: E402
-from eventbus.broker import LocalBroker, free_port  # noqa: E402
+from eventbus.broker import LocalBroker, free_port, free_ports  # noqa: E402
 from eventbus.logging import configure_logging  # noqa: E402
 from floe.stack import ServiceSpec, Stack, python_module  # noqa: E402
 from rollout.batching import load_batch_table  # noqa: E402
@@ -310,7 +310,7 @@ async def main_async(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="floe-bench-rollout-load-") as tmp:
         work = args.keep or Path(tmp)
         broker = LocalBroker.at(work / "kafka")
-        address = await asyncio.to_thread(broker.start, free_port(), free_port(), owner_pid=os.getpid())
+        address = await asyncio.to_thread(broker.start, *free_ports(2), owner_pid=os.getpid())
         kafka = KafkaSettings(bootstrap_servers=address)
         try:
             for rate in args.rates:

@@ -33,7 +33,7 @@ from contracts import (
     to_ipc,
 )
 from eventbus import KafkaSettings, Producer, ensure_topics
-from eventbus.broker import LocalBroker, free_port
+from eventbus.broker import LocalBroker, free_ports
 from floe import audit as audit_module
 from floe.audit import audit
 
@@ -45,7 +45,7 @@ TOPICS: list[Topic[Any]] = [SESSIONS_REQUESTED, SESSIONS_FINISHED, REWARDS, TRAJ
 @pytest.fixture
 def own_kafka(tmp_path: Path) -> Iterator[KafkaSettings]:
     broker = LocalBroker.at(tmp_path / "kafka")
-    address = broker.start(free_port(), free_port(), owner_pid=os.getpid())
+    address = broker.start(*free_ports(2), owner_pid=os.getpid())
     try:
         settings = KafkaSettings(bootstrap_servers=address)
         asyncio.run(ensure_topics(settings, [*TOPICS, audit_module.SESSIONS_CANCEL]))

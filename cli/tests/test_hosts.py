@@ -15,7 +15,7 @@ import pytest
 
 from contracts import WEIGHTS, WeightsPublished
 from eventbus import KafkaSettings, Producer, ensure_topics_sync
-from eventbus.broker import LocalBroker, free_port
+from eventbus.broker import LocalBroker, free_ports
 from eventbus.replay import replay
 from floe.hosts import Network, leftovers
 
@@ -103,9 +103,7 @@ def test_a_broker_on_its_own_host_survives_a_cut_and_loses_nothing(tmp_path: Pat
         host = net["broker"]
         broker = LocalBroker.at(tmp_path / "kafka")
         try:
-            address = broker.start(
-                free_port(), free_port(), owner_pid=os.getpid(), host=host.address, wrap=host.argv([])
-            )
+            address = broker.start(*free_ports(2), owner_pid=os.getpid(), host=host.address, wrap=host.argv([]))
             assert address.startswith(host.address + ":")
             assert broker.pid() in net.pids("broker"), "the broker runs on its host"
             kafka = KafkaSettings(bootstrap_servers=address)

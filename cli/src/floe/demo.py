@@ -66,7 +66,7 @@ from contracts import (
     read_ipc,
 )
 from eventbus import Consumer, EventBusError, KafkaSettings, Message, ensure_topics_sync
-from eventbus.broker import BrokerError, LocalBroker, free_port
+from eventbus.broker import BrokerError, LocalBroker, free_ports
 from floe.home import state_home
 from floe.hosts import Host
 from floe.report import EvalRound, StepRecord, prompt_agnostic_best, summarize, write_report
@@ -349,7 +349,7 @@ class Demo:
         self.run_dir = cfg.run_dir
         self.broker = LocalBroker.at(self.run_dir / "kafka")
         names = ["inference", *self.gateway_names(), *self.rollout_names(), "dashboard"]
-        self.ports = {name: free_port() for name in names}
+        self.ports = dict(zip(names, free_ports(len(names)), strict=True))  # distinct: bound together
         self.kafka = KafkaSettings()
         self.stack: Stack | None = None
         self.model_dir = self.run_dir / "model"
@@ -374,7 +374,7 @@ class Demo:
         ``restart_broker``; ``down`` undoes it. Benchmarks pass ``only`` to run part of the stack."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.say(f"run directory {self.run_dir}")
-        address = self.broker.start(free_port(), free_port(), owner_pid=os.getpid(), **self._broker_placement())
+        address = self.broker.start(*free_ports(2), owner_pid=os.getpid(), **self._broker_placement())
         self.kafka = KafkaSettings(bootstrap_servers=address)
         self.say(f"kafka ready at {address}")
         ensure_topics_sync(self.kafka, TOPICS)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from eventbus.broker import LocalBroker, find_kafka_sh, free_port, wait_gone
+from eventbus.broker import BrokerError, LocalBroker, find_kafka_sh, free_ports, wait_gone
 
 SCRIPT = find_kafka_sh()
 
@@ -36,6 +36,14 @@ def test_a_recorded_pid_that_is_not_our_broker_is_never_signalled(tmp_path: Path
         bystander.wait()
 
 
+def test_the_listener_and_the_controller_get_two_ports(tmp_path: Path) -> None:
+    # Two free_port() calls in a row once returned one port, and the broker refused to format (a CI run).
+    ports = free_ports(2)
+    assert ports[0] != ports[1]
+    with pytest.raises(BrokerError, match="two ports"):
+        LocalBroker.at(tmp_path).start(ports[0], ports[0])
+
+
 def test_usage_errors_are_clear(tmp_path: Path) -> None:
     bad = sh("explode")
     assert bad.returncode == 1 and "unknown command 'explode'" in bad.stderr
@@ -53,7 +61,7 @@ def test_broker_stops_itself_when_its_owner_dies(tmp_path: Path) -> None:
     owner = subprocess.Popen(["sleep", "600"])
     broker = LocalBroker.at(tmp_path / "state")
     try:
-        broker.start(free_port(), free_port(), owner_pid=owner.pid, ready_timeout_s=120)
+        broker.start(*free_ports(2), owner_pid=owner.pid, ready_timeout_s=120)
         pid = broker.pid()
         assert pid is not None
         owner.kill()  # the "pytest" that owned the broker dies without any teardown
@@ -89,7 +97,7 @@ def test_stop_returns_with_nothing_of_the_broker_left_running(tmp_path: Path) ->
     state = tmp_path / "state"
     broker = LocalBroker.at(state)
     try:
-        broker.start(free_port(), free_port(), owner_pid=os.getpid(), ready_timeout_s=120)
+        broker.start(*free_ports(2), owner_pid=os.getpid(), ready_timeout_s=120)
         assert any("floe-kafka-watchdog" in line for line in _running_with(str(state))), "no watchdog started"
     finally:
         broker.stop()

@@ -7,6 +7,7 @@ in the current directory or one of its parents.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -43,9 +44,17 @@ def find_kafka_sh() -> Path:
 
 def free_port() -> int:
     """A port that was free a moment ago (the kernel picks it; a race with another process is possible)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_ports(1)[0]
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct ports that were free a moment ago. Bound together, so they differ: two ``free_port()`` calls
+    in a row can return the same port (a CI run once gave the broker its listener and controller on one port)."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(n)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in socks]
 
 
 @dataclass(frozen=True)
@@ -109,6 +118,8 @@ class LocalBroker:
         ``host``: the address clients reach (default 127.0.0.1, or what this state dir last ran with). ``wrap``: an
         argv prefix the script runs under, e.g. ``ip netns exec NS`` to put the broker on a simulated host
         (``floe.hosts``); stopping needs no prefix (the script stops by pid)."""
+        if port is not None and port == controller_port:
+            raise BrokerError(f"the listener and the controller need two ports, both were given {port}")
         args = ["start", "--timeout", str(int(ready_timeout_s))]
         if host is not None:
             args += ["--host", host]

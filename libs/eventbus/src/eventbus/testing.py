@@ -35,7 +35,7 @@ import pytest
 
 from contracts import WEIGHTS, Topic, WeightsPublished
 from eventbus.admin import ensure_topics_sync, wait_for_broker
-from eventbus.broker import BrokerError, LocalBroker, free_port
+from eventbus.broker import BrokerError, LocalBroker, free_ports
 from eventbus.replay import replay
 from eventbus.settings import KafkaSettings
 
@@ -144,7 +144,7 @@ def _start(state_dir: Path) -> tuple[LocalBroker | None, str, str | None]:
         return None, "", str(exc)
     try:
         # owner_pid: kafka.sh's watchdog stops the broker if this pytest process dies without tearing down.
-        address = broker.start(free_port(), free_port(), owner_pid=os.getpid(), ready_timeout_s=_timeout(90.0))
+        address = broker.start(*free_ports(2), owner_pid=os.getpid(), ready_timeout_s=_timeout(90.0))
         wait_for_broker(KafkaSettings(bootstrap_servers=address), timeout_s=_timeout(30.0))
     except Exception as exc:
         _stop_quietly(broker)

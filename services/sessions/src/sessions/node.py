@@ -21,7 +21,9 @@ other nodes. A full node can stay away longer than ``max.poll.interval.ms``: the
 rejoins when it fetches again (the consumer logs that notice; it is not an error). A request it had fetched before
 it was dropped is still accepted, but its commit then fails (the member is gone): that is logged, not fatal, and the
 request may come again — to this node, which has seen the id, or to another, which runs it (the redelivery case of
-the duplicate guarantee above).
+the duplicate guarantee above). A node cut off the network meets the same after the cut, with the group coordinator
+not yet found again (_WAIT_COORD): a retriable commit error is tried again for ``COMMIT_RETRY_S`` and then logged,
+never fatal (``commit_accepted``).
 """
 
 from __future__ import annotations
@@ -65,13 +67,44 @@ from sessions.workspace import (
     remove_tree,
 )
 
-__all__ = ["KafkaSink", "NodeTopics", "SessionNode"]
+__all__ = ["KafkaSink", "NodeTopics", "SessionNode", "commit_accepted"]
 
 # Commit errors that mean "this consumer is no longer the group member that fetched the message": the partition
 # moved on without us, the message will be delivered again, and the node carries on (it rejoins on its next fetch).
 _LOST_MEMBERSHIP = {"UNKNOWN_MEMBER_ID", "ILLEGAL_GENERATION", "REBALANCE_IN_PROGRESS", "_MAX_POLL_EXCEEDED"}
 
+# A retriable commit error (the coordinator is being looked up again after a network cut: _WAIT_COORD, a timeout) is
+# tried again for about this long; after that the request may be redelivered, which the duplicate guarantee covers.
+COMMIT_RETRY_S = 10.0
+
 log = structlog.get_logger()
+
+
+async def commit_accepted(consumer: Any, msg: Any, *, retry_s: float = COMMIT_RETRY_S) -> bool:
+    """Commit an accepted request's offset; False when it could not be (logged): the request may come again.
+
+    Only a non-retriable error other than lost membership raises: that is a bug or a misconfiguration, not weather.
+    """
+    deadline = time.monotonic() + retry_s
+    delay = 0.2
+    while True:
+        try:
+            await consumer.commit(msg)
+            return True
+        except EventBusError as exc:
+            if exc.code in _LOST_MEMBERSHIP:
+                why = "request accepted after the group dropped this node; its commit failed and it may be redelivered"
+            elif not exc.retriable:
+                raise
+            elif time.monotonic() + delay < deadline:
+                log.info("offset commit failed, trying again", code=exc.code, retry_in_s=delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+                continue
+            else:
+                why = "request accepted but its commit kept failing; it may be redelivered"
+            log.warning(why, session_id=msg.event.session_id, code=exc.code, error=str(exc))
+            return False
 
 
 @dataclass(frozen=True)
@@ -205,16 +238,7 @@ class SessionNode:
             if msg is None:
                 return
             await self.submit(msg.event)
-            try:
-                await consumer.commit(msg)
-            except EventBusError as exc:
-                if exc.code not in _LOST_MEMBERSHIP:
-                    raise
-                log.warning(
-                    "request accepted after the group dropped this node; its commit failed and it may be redelivered",
-                    session_id=msg.event.session_id,
-                    code=exc.code,
-                )
+            await commit_accepted(consumer, msg)
 
     async def submit(self, request: SessionRequested) -> bool:
         """Accept one request (publish REQUESTED) and start it; False for a duplicate. Also used by the CLI."""
