@@ -137,6 +137,8 @@ class EngineToolCalls:
         self._next = 0
 
     def feed(self, fragments: list[dict[str, Any]], text: str) -> list[ToolCall]:
+        if not fragments and not self._open:
+            return []  # the common chunk: text only, no call open (this runs once per sampled token)
         done: list[ToolCall] = []
         if text and not fragments:
             done += self.finish()
