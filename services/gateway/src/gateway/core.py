@@ -181,6 +181,8 @@ class Turn:
         self._plan_parent: ChainEntry | None = None
         self._plan_note = ""
         self._sampling: dict[str, Any] = {}
+        # Read by the exact planner only, so a canonical-mode call leaves it empty in its chain entry.
+        self._tools_key = ""
         self._queue_ms = 0.0
         self._ttft_ms = 0.0
         self._engine_url = ""
@@ -218,7 +220,8 @@ class Turn:
         kw = {"enable_thinking": req.thinking} if req.thinking is not None else None
         sid = self.session.session_id
         if self.session.tokenization is TokenizationMode.EXACT:
-            plan = await gw.planner.plan(self.session, req, engine_messages, tools, kw)
+            self._tools_key = tools_key(req)
+            plan = await gw.planner.plan(self.session, req, engine_messages, tools, kw, self._tools_key)
             prompt, mml = plan.prompt_ids, plan.max_model_len
             self._plan_parent, self._plan_note = plan.extends, plan.note
             gw.metrics.child(gw.metrics.exact_chain, plan.note).inc()
@@ -421,7 +424,7 @@ class Turn:
                 ChainEntry(
                     call_index=call_index,
                     messages=list(self.req.messages),
-                    tools_key=tools_key(self.req),
+                    tools_key=self._tools_key,
                     reply=self.result.as_message(),
                     prompt_ids=prompt,
                     completion_ids=ids,

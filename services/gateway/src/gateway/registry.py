@@ -64,7 +64,7 @@ class ChainEntry:
 
     call_index: int
     messages: list[Any]  # canonical Messages of the request
-    tools_key: str
+    tools_key: str  # tokenization.tools_key of the request in exact mode; "" in canonical mode (unused there)
     reply: Any  # canonical assistant Message the client received
     prompt_ids: list[int]
     completion_ids: list[int]

@@ -130,8 +130,10 @@ class ExactPlanner:
         engine_messages: list[dict[str, Any]],
         tools: list[dict[str, Any]],
         kw: dict[str, Any] | None,
+        tkey: str,
     ) -> ExactPlan:
-        tkey = tools_key(req)
+        """``tkey``: ``tools_key(req)``, which the caller keeps for the call's chain entry (computed once a call: on
+        an agent's tool schemas, tens of KB, the sorted dump is not free)."""
         parent, reason, detail = self.find_parent(session, req, tkey)
         if parent is not None:
             frame = await self._frame(session.session_id, tools, tkey, kw)
