@@ -12,7 +12,9 @@ gateway of this tree and the gateway of ``--baseline`` (a git revision, checked 
    the gateway's CPU then also pays the cache misses of running right after the engine's matrix products on the
    same core). On one core both rows are the shared one. 2-4 run on shared cores (with two cores, pinning would
    make the client and the engine share one and time the scheduler, not the gateway);
-4. calls/s at 1 / 16 / 64 concurrent sessions, direct vs each gateway;
+4. calls/s at 1 / 16 / 64 concurrent sessions, direct vs each gateway; and gateway CPU per call over one long
+   exact-mode agent session (``--turns`` calls, tools, a growing history) on each gateway but the floor: what grows
+   with a session's length (prompt ids, the history the exact planner and the delta encoders read);
 5. Kafka bytes of one long exact-mode session (``--turns``, 40 by default) three ways, from the same records:
    naive (every call with its whole prompt ids and whole request, JSON lists), v1 (prompt delta encoding, whole
    request, JSON lists: what ``ModelCallRecorded`` v1 wrote) and this tree's records as written; and how bytes per
@@ -367,6 +369,7 @@ class Bytes:
     naive: list[int]
     v1: list[int]
     now: list[int]
+    last_prompt_len: int
 
 
 def session_bytes(records: Path, session_id: str) -> Bytes:
@@ -382,6 +385,7 @@ def session_bytes(records: Path, session_id: str) -> Bytes:
         naive=[v1_bytes(c, p, r) for c, p, r in zip(calls, prompts, requests, strict=True)],
         v1=[v1_bytes(c, None, r) for c, r in zip(calls, requests, strict=True)],
         now=[n for n, _ in pairs],
+        last_prompt_len=calls[-1].prompt_len,
     )
 
 
@@ -472,14 +476,21 @@ async def main_async(quick: bool, baseline: str, turns: int) -> dict[str, Any]:
                     )
                     cpu_load[g.name][conc] = (g.cpu_s() - c0) / (conc * per_session) * 1000
                 rows.append((conc, ds, per_gw))
+            # The long session on each gateway (not the floor: it has no exact mode), CPU per call while it runs: the
+            # cost of what grows with a session (prompt ids, the history the exact planner and the delta encoders read).
+            long_cpu: dict[str, float] = {}
+            for g in gws:
+                if g.name != FLOOR:
+                    c0 = g.cpu_s()
+                    await long_session(g, turns, client)
+                    long_cpu[g.name] = (g.cpu_s() - c0) / turns * 1000
             now = next(g for g in gws if g.name == "now")
-            await long_session(now, turns, client)
     finally:
         for p in [g.proc for g in gws] + [proc]:
             p.terminate()
             p.wait(10)
     b = session_bytes(now.records, "long")
-    return report(gws, names, cpu, cpu_load, t_direct, t_gw, added, rows, b, turns)
+    return report(gws, names, cpu, cpu_load, t_direct, t_gw, added, rows, b, turns, long_cpu)
 
 
 def report(
@@ -493,6 +504,7 @@ def report(
     rows: list[tuple[int, float, dict[str, float]]],
     b: Bytes,
     turns: int,
+    long_cpu: dict[str, float],
 ) -> dict[str, Any]:
     ms = 1000.0
     order = [g.name for g in gws]
@@ -523,6 +535,11 @@ def report(
             f"{f'gateway CPU per call at {conc} sessions (ms)':52}{'':>12}"
             + "".join(f"{cpu_load[n][conc]:22.2f}" for n in order)
         )
+    print(
+        f"{f'gateway CPU per call, {turns}-call exact-mode session (ms)':52}{'':>12}"
+        + "".join(f"{long_cpu[n]:22.2f}" if n in long_cpu else f"{'n/a':>22}" for n in order)
+    )
+    print(f"{'  (prompt tokens at its last call)':52}{'':>12}{b.last_prompt_len:22d}")
     for p, c in cpu.items():
         if "base" in c:
             print(
@@ -556,6 +573,8 @@ def report(
             where = "_own_core" if place.own else ""
             figures[f"gateway_cpu_ms_per_call{tag}{where}"] = round(cpu[place.name][n][0], 3)
             figures[f"gateway_cpu_ms_per_call_streaming{tag}{where}"] = round(cpu[place.name][n][1], 3)
+        if n in long_cpu:
+            figures[f"gateway_cpu_ms_per_call_long_session{tag}"] = round(long_cpu[n], 3)
         figures[f"added_latency_p50_ms{tag}"] = round(pct(added[n], 50) * ms, 3)
         figures[f"added_latency_p99_ms{tag}"] = round(pct(added[n], 99) * ms, 3)
         figures[f"ttft_p50_ms{tag}"] = round(pct(t_gw[n], 50) * ms, 3)

@@ -150,3 +150,28 @@ def test_a_reference_that_cannot_be_followed_is_a_typed_error() -> None:
     lying = ModelCallRecorded.model_construct(**{**raw, "prompt_len": 9})
     with pytest.raises(PromptDeltaError, match="prompt_len says 9"):
         decode_prompt(lying, {})
+
+
+@pytest.mark.parametrize("differ_at", [0, 1, 15, 16, 17, 4095, 4096, 4097, 8191, 9000, 9999, None])
+@pytest.mark.parametrize("kinds", [(list, list), (tuple, list), (list, tuple)])
+def test_the_shared_prefix_is_found_wherever_the_sequences_part(
+    differ_at: int | None, kinds: tuple[type, type]
+) -> None:
+    # encode_prompt compares long sequences a chunk at a time; the first difference must be found exactly, at and
+    # around the chunk's edges, whatever kinds of sequence the caller holds.
+    base = [(7 * i) % 101 for i in range(10_000)]
+    prompt = [*base, 5, 6]
+    if differ_at is not None:
+        prompt[differ_at] = 1000
+    delta = encode_prompt(kinds[1](prompt), [(3, kinds[0](base))])
+    shared = 10_000 if differ_at is None else differ_at
+    assert (delta.prefix_call_index, delta.prefix_len) == ((3, shared) if shared else (None, 0))
+    assert delta.tail == tuple(prompt[shared:])
+
+
+def test_a_longer_shared_prefix_wins_over_a_later_call_and_ties_go_to_the_latest() -> None:
+    prompt = [1, 2, 3, 4, 5]
+    assert encode_prompt(prompt, [(0, [1, 2, 3, 4]), (5, [1, 2, 9])]).prefix_call_index == 0
+    assert encode_prompt(prompt, [(5, [1, 2, 9]), (0, [1, 2, 3, 4])]).prefix_call_index == 0
+    assert encode_prompt(prompt, [(2, [1, 2, 3]), (4, [1, 2, 3, 7, 7]), (3, [1, 2, 3])]).prefix_call_index == 4
+    assert encode_prompt(prompt, [(2, [9]), (4, [8])]).prefix_call_index is None

@@ -49,9 +49,13 @@ def encode_prompt(prompt: Sequence[int], bases: Iterable[tuple[int, Sequence[int
     order; none at all gives the whole prompt)."""
     best_index: int | None = None
     best_len = 0
-    for call_index, sequence in bases:
+    # Latest first, so that a base that cannot share more than the best so far (ties go to the latest) is skipped
+    # unread: an agent's prompt usually extends its previous call, whose sequence is the longest.
+    for call_index, sequence in sorted(bases, key=lambda b: b[0], reverse=True):
+        if len(sequence) <= best_len:
+            continue
         n = _common_prefix_len(sequence, prompt)
-        if n > best_len or (n and n == best_len and best_index is not None and call_index > best_index):
+        if n > best_len:
             best_index, best_len = call_index, n
     return PromptDelta(best_index, best_len, tuple(prompt[best_len:]))
 
@@ -93,9 +97,28 @@ def decode_prompts(calls: Iterable[ModelCallRecorded]) -> list[tuple[int, ...]]:
     return out
 
 
+_CHUNK = 4096
+
+
 def _common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading items ``a`` and ``b`` share. Slices are compared in C, a chunk at a time, then halved down to
+    the first difference: an element-wise Python loop took ~0.7 ms per 30K-token base, on the gateway's hot path."""
+    if type(a) is not type(b):  # a list never equals a tuple: compare one kind of sequence
+        a, b = list(a), list(b)
     n = min(len(a), len(b))
     i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    while i < n:
+        j = min(i + _CHUNK, n)
+        if a[i:j] == b[i:j]:
+            i = j
+            continue
+        while j - i > 16:  # a[:i] == b[:i], and they differ in [i, j)
+            mid = (i + j) // 2
+            if a[i:mid] == b[i:mid]:
+                i = mid
+            else:
+                j = mid
+        while a[i] == b[i]:
+            i += 1
+        return i
+    return n

@@ -26,6 +26,7 @@ Attribution design (docs/polar-comparison.md, "Attribution"; style #5):
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import secrets
 import time
@@ -73,8 +74,10 @@ class ChainEntry:
     # call's request delta.
     request: dict[str, Any] | None = None
 
-    @property
+    @functools.cached_property
     def sequence(self) -> list[int]:
+        # Built once: every later call of the session reads it (a delta base, the prefix check), and on a long agent
+        # session that was eight copies of ~30K ids a call.
         return self.prompt_ids + self.completion_ids
 
 

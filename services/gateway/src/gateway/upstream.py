@@ -29,6 +29,7 @@ rest of the gateway. Its errors are mapped once, in ``map_engine_errors`` (style
 
 from __future__ import annotations
 
+import array
 import bisect
 import contextlib
 import hashlib
@@ -185,6 +186,19 @@ def _logprobs_of(choice: dict[str, Any]) -> list[float]:
     raise UpstreamError("engine returned logprobs in an unknown shape")
 
 
+def _ids(value: Any) -> list[int]:
+    """Token ids as the engine sent them, checked to be integers. ``array`` checks a list in C, ~3x faster than
+    ``list(map(int, ...))`` on the ~30K prompt ids of a long agent session's call; anything else is converted."""
+    if type(value) is list:
+        try:
+            array.array("q", value)
+        except (TypeError, OverflowError):
+            pass
+        else:
+            return value
+    return list(map(int, value))
+
+
 def _parse_chunk(data: dict[str, Any], header_version: int | None) -> EngineChunk:
     if "error" in data and not data.get("choices"):
         err = data["error"]
@@ -194,7 +208,7 @@ def _parse_chunk(data: dict[str, Any], header_version: int | None) -> EngineChun
     if data.get("weight_version") is not None:
         chunk.weight_version = int(data["weight_version"])
     if data.get("prompt_token_ids") is not None:
-        chunk.prompt_token_ids = list(map(int, data["prompt_token_ids"]))
+        chunk.prompt_token_ids = _ids(data["prompt_token_ids"])
     if data.get("usage"):
         chunk.usage = {k: int(v) for k, v in data["usage"].items() if isinstance(v, int)}
     choices = data.get("choices") or []
@@ -208,8 +222,8 @@ def _parse_chunk(data: dict[str, Any], header_version: int | None) -> EngineChun
         else:
             chunk.text = c.get("text") or ""
         if c.get("prompt_token_ids") is not None and chunk.prompt_token_ids is None:
-            chunk.prompt_token_ids = list(map(int, c["prompt_token_ids"]))
-        chunk.token_ids = list(map(int, c.get("token_ids") or ()))
+            chunk.prompt_token_ids = _ids(c["prompt_token_ids"])
+        chunk.token_ids = _ids(c.get("token_ids") or [])
         chunk.logprobs = _logprobs_of(c)
         if len(chunk.logprobs) != len(chunk.token_ids):
             raise UpstreamError(
