@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import inspect
 import json
 import os
 import socket
@@ -127,7 +128,6 @@ class RecordSink:  # runs in the gateway subprocess, with that tree's contracts
 
 def serve_gateway(engine_url: str, port: int, records: str) -> None:
     """Subprocess entry: a gateway (of whichever tree is first on ``sys.path``) with a file sink, no broker."""
-    import uvicorn
     from pydantic import SecretStr
 
     from gateway import GatewaySettings, create_app
@@ -141,7 +141,12 @@ def serve_gateway(engine_url: str, port: int, records: str) -> None:
     settings = GatewaySettings(
         engine_urls=[engine_url], control_token=SecretStr(CONTROL), public_url=f"http://127.0.0.1:{port}"
     )
-    uvicorn.run(create_app(settings, sink=RecordSink(records)), host="127.0.0.1", port=port, log_level="warning")
+    app = create_app(settings, sink=RecordSink(records))
+    # Served as `python -m gateway` serves it: eventbus.serve, with the heap frozen after startup in a tree that can.
+    from eventbus.serving import serve
+
+    can_freeze = "freeze_heap" in inspect.signature(serve).parameters
+    serve(app, "127.0.0.1", port, **({"freeze_heap": True} if can_freeze else {}))
 
 
 @dataclass

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -127,3 +130,35 @@ def test_before_shutdown_hooks_run_while_the_server_still_answers() -> None:
     assert order == ["first", "broken", "last"] and answered == [200]
     with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
         raise AssertionError("the port still accepts after the shutdown")
+
+
+_FREEZE_APP = """
+import gc, sys
+from fastapi import FastAPI
+from eventbus import serve
+app = FastAPI()
+@app.get("/frozen")
+async def frozen() -> dict:
+    return {"frozen": gc.get_freeze_count()}
+serve(app, "127.0.0.1", int(sys.argv[1]), freeze_heap=sys.argv[2] == "yes")
+"""
+
+
+def test_freeze_heap_freezes_what_startup_built_and_only_when_asked() -> None:
+    for ask, expect_frozen in (("yes", True), ("no", False)):
+        port = _free_port()
+        proc = subprocess.Popen([sys.executable, "-c", _FREEZE_APP, str(port), ask])
+        try:
+            deadline, frozen = time.monotonic() + 30, None
+            while frozen is None and time.monotonic() < deadline:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/frozen", timeout=2) as resp:
+                        frozen = json.loads(resp.read())["frozen"]
+                except (urllib.error.URLError, ConnectionError):
+                    time.sleep(0.1)
+            assert frozen is not None, "the server never answered"
+            # Everything imported and built before serving (fastapi, pydantic, the app) is tens of thousands of objects.
+            assert (frozen > 10_000) is expect_frozen, (ask, frozen)
+        finally:
+            proc.terminate()
+            proc.wait(30)

@@ -15,6 +15,10 @@ supervisor would never restart it, and the failure would only show as work that 
   lifespan's shutdown; a gateway node's session runner stopped only there went on starting sessions whose agents
   found the port closed. Its hook stops the runner first, while its sessions' calls can still be answered.
   Requests still open after that get ``GRACEFUL_S`` before uvicorn cancels them.
+- ``serve(..., freeze_heap=True)`` freezes the heap (``gc.freeze``) once the app's startup is done: what startup
+  built (modules, routes, pydantic schemas, clients) lives as long as the process, and a full collection no longer
+  walks it (the gateway: ``docs/scaling.md``). Only for a service whose startup objects all live that long: a frozen
+  object in a reference cycle is never freed, e.g. the engine's first model after a weight swap.
 
 In-process test servers (``uvicorn.Server`` in a thread) get the logging and the 503s but are never stopped.
 """
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import socket
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
@@ -92,7 +97,7 @@ def critical_failure(app: FastAPI) -> str | None:
     return failure
 
 
-def serve(app: FastAPI, host: str, port: int, *, log_level: str = "warning") -> int:
+def serve(app: FastAPI, host: str, port: int, *, log_level: str = "warning", freeze_heap: bool = False) -> int:
     """Run ``app`` until SIGINT/SIGTERM or a critical task's death; the exit code says which (0 or 1), or 2 when the
     service could not start because the broker is unreachable (one error line that says where it looked and how to
     start one, not uvicorn's traceback of the lifespan)."""
@@ -117,6 +122,9 @@ def serve(app: FastAPI, host: str, port: int, *, log_level: str = "warning") -> 
                 server.should_exit = True  # uvicorn returns before binding the port
                 yield None
                 return
+            if freeze_heap:
+                gc.collect()
+                gc.freeze()
             yield state
 
     app.router.lifespan_context = lifespan

@@ -54,7 +54,7 @@ def serve(argv: list[str] | None = None, prog: str = "python -m gateway") -> int
         )
         os.execv(sys.executable, [sys.executable, "-m", "sessions"])
     # Exits 1 if the session node (when this node runs sessions) dies, so a supervisor restarts it.
-    return serve_app(create_app(settings), settings.host, settings.port)
+    return serve_app(create_app(settings), settings.host, settings.port, freeze_heap=True)
 
 
 def main(argv: list[str] | None = None) -> int:

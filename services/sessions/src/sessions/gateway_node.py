@@ -151,7 +151,7 @@ def serve(argv: list[str] | None = None) -> int:
 
     settings = GatewaySettings()
     configure_logging("gateway", settings.log_level)
-    return serve_app(create_node_app(settings), settings.host, settings.port)
+    return serve_app(create_node_app(settings), settings.host, settings.port, freeze_heap=True)
 
 
 def _free_port() -> int:
