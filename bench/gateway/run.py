@@ -5,7 +5,9 @@ gateway of this tree and the gateway of ``--baseline`` (a git revision, checked 
 ``.floe/bench/worktrees`` and run with the same venv; ``--baseline none`` skips it):
 
 1. gateway CPU per call (time on CPU of the gateway's threads, in ns, over sequential calls, streaming and not);
-2. streaming time-to-first-token, direct to the engine vs through each gateway (OpenAI Chat SSE);
+2. streaming time-to-first-token, direct to the engine vs through each gateway (OpenAI Chat SSE), two ways: answers
+   read to their end, as harnesses read them, and probes that hang up at the first token (a gateway then closes its
+   engine connection so that the engine stops, and its next call opens a new one);
 3. added latency of a whole non-streaming call (gateway - direct, paired calls, same seed), p50 / p99;
    1 twice: with the gateway alone on the last core, engine and client on the others ("own core": what the gateway's
    code costs, on a core nothing else runs on), and with every process free to run on every core ("shared cores":
@@ -257,11 +259,17 @@ def pct(xs: list[float], p: float) -> float:
     return s[min(len(s) - 1, round(p / 100 * (len(s) - 1)))]
 
 
-async def ttft(client: httpx.AsyncClient, url: str, headers: dict[str, str], body: dict[str, Any]) -> float:
+async def ttft(
+    client: httpx.AsyncClient, url: str, headers: dict[str, str], body: dict[str, Any], *, leave: bool = False
+) -> float:
+    """Seconds to the first chunk that carries a token. The answer is read to its end, as a harness reads it; with
+    ``leave`` the probe hangs up at that first token instead (the gateway then closes its engine connection, so
+    that the engine stops sampling, and its next call opens a new one)."""
     t0 = time.perf_counter()
+    first = 0.0
     async with client.stream("POST", url, json={**body, "stream": True}, headers=headers) as r:
         async for line in r.aiter_lines():
-            if not line.startswith("data:") or line.endswith("[DONE]"):
+            if first or not line.startswith("data:") or line.endswith("[DONE]"):
                 continue
             chunk = json.loads(line[5:])
             ch = (chunk.get("choices") or [{}])[0]
@@ -270,8 +278,10 @@ async def ttft(client: httpx.AsyncClient, url: str, headers: dict[str, str], bod
                 or (ch.get("delta") or {}).get("content")
                 or (ch.get("delta") or {}).get("tool_calls")
             ):
-                return time.perf_counter() - t0
-    return time.perf_counter() - t0
+                first = time.perf_counter() - t0
+                if leave:
+                    return first
+    return first or time.perf_counter() - t0
 
 
 SHARED, OWN_CORE = Placement("shared cores", own=False), Placement("own core", own=True)
@@ -396,6 +406,7 @@ def session_bytes(records: Path, session_id: str) -> Bytes:
 
 async def main_async(quick: bool, baseline: str, turns: int) -> dict[str, Any]:
     n_lat = 10 if quick else 40
+    n_ttft = 20 if quick else 80
     n_cpu = 30 if quick else 300
     # Enough calls that each throughput point lasts seconds, not a few hundred milliseconds (noise dominated).
     per_session = 4 if quick else 15
@@ -437,19 +448,23 @@ async def main_async(quick: bool, baseline: str, turns: int) -> dict[str, Any]:
                     )
                     for g in gws
                 }
-            t_direct: list[float] = []
-            t_gw: dict[str, list[float]] = {g.name: [] for g in gws}
+            # TTFT two ways: answers read to their end (what harnesses do), and probes that hang up at the first token.
+            t_direct: dict[bool, list[float]] = {False: [], True: []}
+            t_gw: dict[bool, dict[str, list[float]]] = {leave: {g.name: [] for g in gws} for leave in (False, True)}
             added: dict[str, list[float]] = {g.name: [] for g in gws}
-            # Interleaved, so load drifts hit every column alike, and in a rotating order: a TTFT probe leaves once
-            # it has the first token, and the engine finishes (or aborts) that answer while the next probe starts, so
-            # a fixed order would always hand the same column that leftover work.
+            # Interleaved, so load drifts hit every column alike, and in a rotating order: a probe that hangs up leaves
+            # the engine finishing (or aborting) that answer while the next probe starts, so a fixed order would always
+            # hand the same column that leftover work.
             targets: list[Gateway | None] = [None, *gws]
-            for i in range(n_lat):
-                for g in targets[i % len(targets) :] + targets[: i % len(targets)]:
-                    if g is None:
-                        t_direct.append(await ttft(client, engine + "/v1/chat/completions", {}, direct_body))
-                    else:
-                        t_gw[g.name].append(await ttft(client, g.url + "/v1/chat/completions", heads[g.name], body))
+            for leave in (False, True):
+                for i in range(n_ttft):
+                    for g in targets[i % len(targets) :] + targets[: i % len(targets)]:
+                        if g is None:
+                            url = engine + "/v1/chat/completions"
+                            t_direct[leave].append(await ttft(client, url, {}, direct_body, leave=leave))
+                        else:
+                            url = g.url + "/v1/chat/completions"
+                            t_gw[leave][g.name].append(await ttft(client, url, heads[g.name], body, leave=leave))
             for i in range(n_lat):
                 for g in gws[i % len(gws) :] + gws[: i % len(gws)]:
                     d = await call(client, engine + "/v1/chat/completions", {}, direct_body)
@@ -503,8 +518,8 @@ def report(
     names: dict[str, str],
     cpu: dict[str, dict[str, tuple[float, float]]],
     cpu_load: dict[str, dict[int, float]],
-    t_direct: list[float],
-    t_gw: dict[str, list[float]],
+    t_direct: dict[bool, list[float]],
+    t_gw: dict[bool, dict[str, list[float]]],
     added: dict[str, list[float]],
     rows: list[tuple[int, float, dict[str, float]]],
     b: Bytes,
@@ -521,14 +536,18 @@ def report(
             print(
                 f"{f'gateway CPU per call, {kind} (ms), {p}':52}{'':>12}" + "".join(f"{c[n][i]:22.2f}" for n in order)
             )
-    for name, q in (("streaming TTFT p50 (ms)", 50), ("streaming TTFT p99 (ms)", 99)):
-        d = pct(t_direct, q) * ms
-        print(f"{name:52}{d:12.2f}" + "".join(f"{pct(t_gw[n], q) * ms:22.2f}" for n in order))
-    d50 = pct(t_direct, 50)
-    print(
-        f"{'streaming TTFT p50, gateway / direct':52}{'':>12}"
-        + "".join(f"{pct(t_gw[n], 50) / d50:22.2f}" for n in order)
-    )
+    for leave, how in ((False, "read to the end"), (True, "probe hangs up at it")):
+        for q in (50, 99):
+            d = pct(t_direct[leave], q) * ms
+            print(
+                f"{f'streaming TTFT p{q} (ms), {how}':52}{d:12.2f}"
+                + "".join(f"{pct(t_gw[leave][n], q) * ms:22.2f}" for n in order)
+            )
+        d50 = pct(t_direct[leave], 50)
+        print(
+            f"{f'streaming TTFT p50, gateway / direct, {how}':52}{'':>12}"
+            + "".join(f"{pct(t_gw[leave][n], 50) / d50:22.2f}" for n in order)
+        )
     for name, q in (("added latency per call p50 (ms)", 50), ("added latency per call p99 (ms)", 99)):
         print(f"{name:52}{'':>12}" + "".join(f"{pct(added[n], q) * ms:22.2f}" for n in order))
     for conc, ds, per_gw in rows:
@@ -582,12 +601,14 @@ def report(
             figures[f"gateway_cpu_ms_per_call_long_session{tag}"] = round(long_cpu[n], 3)
         figures[f"added_latency_p50_ms{tag}"] = round(pct(added[n], 50) * ms, 3)
         figures[f"added_latency_p99_ms{tag}"] = round(pct(added[n], 99) * ms, 3)
-        figures[f"ttft_p50_ms{tag}"] = round(pct(t_gw[n], 50) * ms, 3)
-        figures[f"ttft_ratio{tag}"] = round(pct(t_gw[n], 50) / d50, 3)
+        for leave, how in ((False, ""), (True, "_leave")):
+            figures[f"ttft_p50_ms{how}{tag}"] = round(pct(t_gw[leave][n], 50) * ms, 3)
+            figures[f"ttft_ratio{how}{tag}"] = round(pct(t_gw[leave][n], 50) / pct(t_direct[leave], 50), 3)
         for conc, _, per_gw in rows:
             figures[f"calls_per_s_{conc}{tag}"] = round(per_gw[n], 2)
             figures[f"gateway_cpu_ms_per_call_{conc}_sessions{tag}"] = round(cpu_load[n][conc], 3)
-    figures["ttft_p50_ms_direct"] = round(d50 * ms, 3)
+    figures["ttft_p50_ms_direct"] = round(pct(t_direct[False], 50) * ms, 3)
+    figures["ttft_p50_ms_leave_direct"] = round(pct(t_direct[True], 50) * ms, 3)
     figures["client_retries"] = RETRIES["count"]
     print(f"client calls resent after a stale keep-alive connection: {RETRIES['count']}")
     for conc, ds, _ in rows:
