@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
@@ -85,18 +86,51 @@ async def test_every_line_arrives_though_bytes_come_while_the_consumer_is_busy()
     await http.aclose()
 
 
-async def test_a_response_closed_early_closes_its_connection() -> None:
+async def test_a_response_closed_early_closes_its_connection_and_a_new_one_is_opened_ahead() -> None:
+    """The half-read connection is not reused (closing it is how the engine learns to stop); its replacement is opened
+    in the background, so the next request finds it ready and opens none itself."""
     http = EngineHTTP(timeout_s=5, connect_timeout_s=2)
     async with tcp_server(sse_server) as (url, accepted):
         resp = await http.request("POST", url + "/x", b"{}")
         async for _ in resp.lines():
             break
         await resp.aclose()
+        for _ in range(200):  # the replacement's connect, in the background
+            if len(accepted) == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert len(accepted) == 2, "no replacement connection was opened"
         resp = await http.request("POST", url + "/x", b"{}")
         assert len([line async for line in resp.lines() if line]) == 51
         await resp.aclose()
-        assert len(accepted) == 2  # the half-read connection was not reused
+        assert len(accepted) == 2  # the request went out on the replacement
     await http.aclose()
+
+
+async def test_no_replacement_once_the_client_is_closed_and_a_refused_one_leaves_nothing_behind() -> None:
+    http = EngineHTTP(timeout_s=5, connect_timeout_s=2)
+    async with tcp_server(sse_server) as (url, accepted):
+        resp = await http.request("POST", url + "/x", b"{}")
+        async for _ in resp.lines():
+            break
+        await http.aclose()
+        await resp.aclose()
+        await asyncio.sleep(0.2)
+        assert len(accepted) == 1
+    # An engine that went away: the background connect is refused, and that is no unhandled task error; the next
+    # request meets the refusal itself and reports it.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    errors: list[dict[str, object]] = []
+    asyncio.get_running_loop().set_exception_handler(lambda _loop, ctx: errors.append(ctx))
+    http = EngineHTTP(timeout_s=5, connect_timeout_s=2)
+    http._replace(("http", "127.0.0.1", port))
+    await asyncio.sleep(0.2)
+    with pytest.raises(ConnectFailed):
+        await http.request("POST", f"http://127.0.0.1:{port}/x", b"{}")
+    await http.aclose()
+    assert errors == []
 
 
 async def test_a_pooled_connection_the_server_closed_is_retried_on_a_new_one() -> None:

@@ -12,6 +12,9 @@ it per SSE chunk, more than everything else the gateway does per call together (
   ``keepalive_s``, under uvicorn's default server-side 5 s, so the engine rarely closes one we are about to use.
 - A pooled connection that fails before any response byte arrived (the engine closed it while idle) is retried
   once on a new connection: the engine cannot have answered, so nothing is sent twice to a client.
+- A connection closed mid-answer (its client left, so the engine must stop sampling) is replaced in the background
+  when no other one is idle for that engine: the session's next call then finds a connection ready instead of
+  waiting for a TCP connect (``bench/gateway``, TTFT with probes that hang up).
 - Timeouts: ``connect_timeout_s`` for the TCP connect, ``timeout_s`` for each wait on the engine (headers, or the
   next body bytes) -- the same meaning as httpx's read timeout.
 
@@ -245,6 +248,7 @@ class Response:
         if not self._done:
             self._done = True
             self._conn.close()
+            self._client._replace(self._key)
 
 
 class EngineHTTP:
@@ -263,6 +267,8 @@ class EngineHTTP:
         self._keepalive_s = keepalive_s
         self._max_idle = max_idle_per_host
         self._idle: dict[_Key, list[_Connection]] = {}
+        self._refills: dict[_Key, asyncio.Task[None]] = {}
+        self._closed = False
         self._tls: ssl.SSLContext | None = None
 
     async def request(
@@ -331,7 +337,30 @@ class EngineHTTP:
             return
         idle.append(conn)
 
+    def _replace(self, key: _Key) -> None:
+        """Open a connection to ``key`` in the background for the pool, unless one is idle or already opening."""
+        if self._closed or self._idle.get(key) or key in self._refills:
+            return
+        task = asyncio.get_running_loop().create_task(self._refill(key))
+        self._refills[key] = task
+        task.add_done_callback(lambda _: self._refills.pop(key, None))
+
+    async def _refill(self, key: _Key) -> None:
+        try:
+            conn = await self._connect(key)
+        except ConnectFailed:
+            return  # nothing to keep ready: the next request connects itself and reports what it meets
+        idle = self._idle.setdefault(key, [])
+        if self._closed or conn.closed or len(idle) >= self._max_idle:
+            conn.close()
+            return
+        conn.idle_since = time.monotonic()
+        idle.append(conn)
+
     async def aclose(self) -> None:
+        self._closed = True
+        for task in list(self._refills.values()):
+            task.cancel()
         for idle in self._idle.values():
             for conn in idle:
                 conn.close()
