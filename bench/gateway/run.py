@@ -148,7 +148,8 @@ def serve_gateway(engine_url: str, port: int, records: str) -> None:
     from eventbus.serving import serve
 
     can_freeze = "freeze_heap" in inspect.signature(serve).parameters
-    serve(app, "127.0.0.1", port, **({"freeze_heap": True} if can_freeze else {}))
+    extra: dict[str, Any] = {"freeze_heap": True} if can_freeze else {}
+    serve(app, "127.0.0.1", port, **extra)
 
 
 @dataclass
@@ -458,13 +459,13 @@ async def main_async(quick: bool, baseline: str, turns: int) -> dict[str, Any]:
             targets: list[Gateway | None] = [None, *gws]
             for leave in (False, True):
                 for i in range(n_ttft):
-                    for g in targets[i % len(targets) :] + targets[: i % len(targets)]:
-                        if g is None:
+                    for tg in targets[i % len(targets) :] + targets[: i % len(targets)]:
+                        if tg is None:
                             url = engine + "/v1/chat/completions"
                             t_direct[leave].append(await ttft(client, url, {}, direct_body, leave=leave))
                         else:
-                            url = g.url + "/v1/chat/completions"
-                            t_gw[leave][g.name].append(await ttft(client, url, heads[g.name], body, leave=leave))
+                            url = tg.url + "/v1/chat/completions"
+                            t_gw[leave][tg.name].append(await ttft(client, url, heads[tg.name], body, leave=leave))
             for i in range(n_lat):
                 for g in gws[i % len(gws) :] + gws[: i % len(gws)]:
                     d = await call(client, engine + "/v1/chat/completions", {}, direct_body)
