@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from gateway.engine_http import ConnectFailed, EngineHTTP, Timeout, TransportError
+from gateway.engine_http import ConnectFailed, EngineHTTP, Response, Timeout, TransportError
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -86,14 +86,20 @@ async def test_every_line_arrives_though_bytes_come_while_the_consumer_is_busy()
     await http.aclose()
 
 
+async def first_line_only(http: EngineHTTP, url: str) -> Response:
+    """A streamed response of which only the first line is read (a client that leaves mid-answer)."""
+    resp = await http.request("POST", url + "/x", b"{}")
+    async for _ in resp.lines():
+        break
+    return resp
+
+
 async def test_a_response_closed_early_closes_its_connection_and_a_new_one_is_opened_ahead() -> None:
     """The half-read connection is not reused (closing it is how the engine learns to stop); its replacement is opened
     in the background, so the next request finds it ready and opens none itself."""
     http = EngineHTTP(timeout_s=5, connect_timeout_s=2)
     async with tcp_server(sse_server) as (url, accepted):
-        resp = await http.request("POST", url + "/x", b"{}")
-        async for _ in resp.lines():
-            break
+        resp = await first_line_only(http, url)
         await resp.aclose()
         for _ in range(200):  # the replacement's connect, in the background
             if len(accepted) == 2:
@@ -110,9 +116,7 @@ async def test_a_response_closed_early_closes_its_connection_and_a_new_one_is_op
 async def test_no_replacement_once_the_client_is_closed_and_a_refused_one_leaves_nothing_behind() -> None:
     http = EngineHTTP(timeout_s=5, connect_timeout_s=2)
     async with tcp_server(sse_server) as (url, accepted):
-        resp = await http.request("POST", url + "/x", b"{}")
-        async for _ in resp.lines():
-            break
+        resp = await first_line_only(http, url)
         await http.aclose()
         await resp.aclose()
         await asyncio.sleep(0.2)
