@@ -53,8 +53,9 @@ lint: deps  ## ruff, and the import rules of pyproject.toml [tool.importlinter] 
 	$(PY) -m ruff format --check .
 	.venv/bin/lint-imports --no-cache
 
-typecheck: deps  ## mypy
+typecheck: deps  ## mypy over the services and libraries, then over the benches (their own run: each is a script)
 	$(PY) -m mypy $(SRC)
+	$(PY) -m mypy bench
 
 test: bootstrap test-deps lint typecheck  ## lint, type-check and run every test (unit, integration, slow end-to-end)
 	$(PY) -m pytest --durations=25 $(PYTEST_ARGS)

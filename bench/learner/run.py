@@ -51,7 +51,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, cast
 
 import torch
 
@@ -150,7 +150,7 @@ def run_recorded(args: argparse.Namespace) -> None:
                     kl_coef=0.0,
                     micro_batch_tokens=args.micro_batch_tokens,
                     max_seq_len=args.max_seq_len,
-                    micro_batch_layout=layout,
+                    micro_batch_layout=cast(Literal["packed", "padded"], layout),
                 )
                 learners[layout] = Learner(settings)
                 learners[layout].step(f"{form}-warmup", warm)
@@ -243,8 +243,9 @@ def real_rows(model_dir: Path, rows: int, seq_len: int, prompt_len: int | None =
     out = []
     for i in range(rows):
         window = corpus[i * seq_len : (i + 1) * seq_len]
-        chat = tok.apply_chat_template(
-            [{"role": "user", "content": tok.decode(window[: half // 2])}], add_generation_prompt=True, tokenize=True
+        text = str(tok.decode(window[: half // 2]))
+        chat: Any = tok.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
         )
         ids = list(chat["input_ids"] if hasattr(chat, "keys") else chat)  # transformers 5 returns a mapping
         prompt = [*ids, *window[half // 2 : half]][:half]
@@ -272,7 +273,10 @@ def run_real(args: argparse.Namespace) -> None:
         from learner import model as learner_model
         from learner import train as learner_train
 
-        learner_train.target_logprobs = functools.partial(learner_model.target_logprobs, all_positions=True)
+        # the trainer's own name for it is what a step calls
+        learner_train.target_logprobs = functools.partial(  # type: ignore[attr-defined]
+            learner_model.target_logprobs, all_positions=True
+        )
     warm = to_ipc(real_rows(args.model_dir, 2, 32))
     with tempfile.TemporaryDirectory(prefix="floe-bench-learner-real-") as tmp:
         settings = LearnerSettings(

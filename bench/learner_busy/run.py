@@ -159,7 +159,7 @@ class Fleet:
         cancelled = self.cancels[req.session_id]
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(cancelled.wait(), timeout=duration)
-        base = dict(session_id=req.session_id, group_id=req.group_id, task_id=req.task_id)
+        base: dict[str, Any] = dict(session_id=req.session_id, group_id=req.group_id, task_id=req.task_id)
         if cancelled.is_set():
             self.cancelled += 1
             await producer.send(

@@ -92,7 +92,11 @@ async def run_preset(preset: str, n: int, kafka: KafkaSettings, stack: Stack, ta
     async with (
         # From the start of the topics (a fresh group): nothing published before the subscription is missed; the
         # warm-up's events are filtered out by session id.
-        Consumer(kafka, [SESSIONS_FINISHED, REWARDS], group_id=f"bench-{tag}") as consumer,
+        Consumer[SessionFinished | RewardPublished](
+            kafka,
+            [SESSIONS_FINISHED, REWARDS],  # type: ignore[list-item]  # Topic is invariant; both decode to the union
+            group_id=f"bench-{tag}",
+        ) as consumer,
         Producer(kafka) as producer,
     ):
         t0 = time.monotonic()
