@@ -22,6 +22,9 @@ gateway of this tree and the gateway of ``--baseline`` (a git revision, checked 
    request, JSON lists: what ``ModelCallRecorded`` v1 wrote) and this tree's records as written; and how bytes per
    call grow from the first to the last ten calls (linear growth of a session = flat bytes per call).
 
+Each gateway runs on the event loop its own tree's lock installs: uvicorn serves on uvloop where it is importable, and
+a baseline whose ``uv.lock`` has no uvloop (before it became a dependency) runs on asyncio's loop, as it was deployed.
+
 A third column, the *floor* (``floor.py``), is the least any proxy on this stack costs: uvicorn and the gateway's
 engine hop handing the engine's bytes back untouched (no validation, parsing or record). The bench prints how far
 above it this tree is; what the floor itself costs (the event loop, the sockets) no change inside the gateway removes.
@@ -62,6 +65,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from report import write
 
 CONTROL = "bench-control"
+NO_UVLOOP = "FLOE_BENCH_NO_UVLOOP"  # set for a tree whose lock has no uvloop: its gateway runs on asyncio's loop
 FLOOR = "floor"  # the name of the floor column's process (``floor.py``)
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_BASELINE = "9946ec0"  # main before the engine-hop client, the non-streamed upstream and the front door
@@ -130,6 +134,8 @@ class RecordSink:  # runs in the gateway subprocess, with that tree's contracts
 
 def serve_gateway(engine_url: str, port: int, records: str) -> None:
     """Subprocess entry: a gateway (of whichever tree is first on ``sys.path``) with a file sink, no broker."""
+    if os.environ.get(NO_UVLOOP):
+        sys.modules["uvloop"] = None  # type: ignore[assignment]  # uvicorn's loop="auto" then runs asyncio's loop
     from pydantic import SecretStr
 
     from gateway import GatewaySettings, create_app
@@ -221,10 +227,18 @@ class Placement:
             pin(pid, everything - {last} if own else everything)
 
 
+def locks_uvloop(tree: Path) -> bool:
+    """Whether ``tree``'s lock file installs uvloop (uvicorn serves on it when it is importable)."""
+    lock = tree / "uv.lock"
+    return lock.is_file() and 'name = "uvloop"' in lock.read_text()
+
+
 def start_gateway(name: str, engine_url: str, tree: Path, scratch: Path) -> Gateway:
     port = free_port()
     records = scratch / f"records-{name}.jsonl"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(tree / d) for d in SRC_DIRS)}
+    if not locks_uvloop(tree):  # the baseline runs on the event loop its own lock gave it, not this venv's
+        env[NO_UVLOOP] = "1"
     argv = [sys.executable, str(Path(__file__).resolve()), "--serve-gateway", engine_url, str(port), str(records)]
     log = (scratch / f"gateway-{name}.log").open("wb")  # kept for a crash's traceback
     proc = subprocess.Popen(argv, env=env, cwd=str(tree), stdout=log, stderr=subprocess.STDOUT)

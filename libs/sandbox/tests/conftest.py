@@ -11,18 +11,28 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import secrets
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
+import uvloop
 
 from sandbox import Bind, Identity, Keep, Limits, SandboxSpec, Tmpfs
 
 Shape = Callable[..., SandboxSpec]
+BOTH_LOOPS = ("test_event_loops.py",)  # run on asyncio's loop and on uvloop, the one uvicorn serves the services on
+
+
+def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> Mapping[str, Callable[[], Any]]:
+    if item.path.name in BOTH_LOOPS:
+        return {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
+    return {"asyncio": asyncio.new_event_loop}
 
 
 @pytest.fixture(scope="session")

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import pytest
+import uvloop
 
 from contracts import SamplingPolicy, TokenizationMode
 from gateway import GatewaySettings, create_app
@@ -15,6 +17,15 @@ from gateway import GatewaySettings, create_app
 from ._fakes import FakeEngine, MemorySink, free_port, serve
 
 CONTROL = "control-secret"
+# The engine hop's own tests run on both event loops: the gateway serves on uvloop (uvicorn picks it), while a caller
+# embedding the client may run asyncio's; transports, pausing and closing differ between the two.
+BOTH_LOOPS = ("test_engine_http.py",)
+
+
+def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> Mapping[str, Callable[[], Any]]:
+    if item.path.name in BOTH_LOOPS:
+        return {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
+    return {"asyncio": asyncio.new_event_loop}
 
 
 @dataclass

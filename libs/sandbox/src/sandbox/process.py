@@ -256,8 +256,12 @@ class SandboxProcess:
         assert self._proc is not None, "start() first"
         code = await asyncio.wait_for(self._proc.wait(), timeout=timeout)
         self._ended = time.monotonic()
-        await asyncio.wait_for(asyncio.gather(*self._readers, return_exceptions=True), timeout=5.0)
+        # Cut before draining: nothing of the sandbox outlives bwrap's pid namespace, but the cgroup watcher (outside
+        # it, waiting on the lifeline) may hold a copy of the output's write end where the loop's spawn leaves one open
+        # (uvloop: libuv keeps its stdio socketpair ends beside fds 1 and 2), and the readers would wait for it. What
+        # the program wrote is already buffered; the readers still drain it.
         self.cut_lifeline()
+        await asyncio.wait_for(asyncio.gather(*self._readers, return_exceptions=True), timeout=5.0)
         return code
 
     def cut_lifeline(self) -> None:
