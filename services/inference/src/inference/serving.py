@@ -285,6 +285,7 @@ class OpenAIServing:
 
         interval = req.stream_interval or 1
         batch, batch_ids, batch_lps = Delta(), list[int](), list[JSON]()  # tokens sampled but not yet sent
+        tools_seen = 0
 
         def flush() -> str | None:
             """The chunk of the batched tokens (None when it would say nothing), and an empty batch."""
@@ -301,8 +302,6 @@ class OpenAIServing:
                 out = _sse(chunk(dj, **extra))
             batch, batch_ids, batch_lps = Delta(), [], []
             return out
-
-        tools_seen = 0
 
         async def lines() -> AsyncIterator[str]:
             nonlocal tools_seen
