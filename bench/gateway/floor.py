@@ -8,9 +8,10 @@ the event loop and the sockets on this machine, which no change inside the gatew
 
 It speaks just enough of the gateway's surface for the bench: ``GET /healthz``, ``POST /admin/sessions`` (a dummy
 token; credentials are ignored) and ``POST /v1/chat/completions``, to which it adds what the gateway asks the engine
-for (``return_token_ids``, ``logprobs``).
+for (``return_token_ids``, ``logprobs``; for a streamed call ``stream_interval``, the bench passes the gateway's
+default).
 
-    python bench/gateway/floor.py ENGINE_URL PORT
+    python bench/gateway/floor.py ENGINE_URL PORT [STREAM_INTERVAL]
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from gateway.engine_http import EngineHTTP
 Scope = dict[str, Any]
 
 
-def app_for(engine_url: str) -> Any:
+def app_for(engine_url: str, stream_interval: int = 1) -> Any:
     http: EngineHTTP | None = None
 
     async def app(scope: Scope, receive: Any, send: Any) -> None:
@@ -56,6 +57,8 @@ def app_for(engine_url: str) -> Any:
         stream = bool(body.get("stream"))
         if stream:
             body["stream_options"] = {"include_usage": True}
+            if stream_interval > 1:
+                body["stream_interval"] = stream_interval
         r = await http.request("POST", engine_url + path, json.dumps(body).encode())
         if not stream:
             await _whole(send, r.status, await r.read())
@@ -78,4 +81,7 @@ async def _whole(send: Any, status: int, content: bytes) -> None:
 
 
 if __name__ == "__main__":
-    uvicorn.run(app_for(sys.argv[1]), host="127.0.0.1", port=int(sys.argv[2]), log_level="warning", lifespan="off")
+    interval = int(sys.argv[3]) if len(sys.argv) > 3 else 1
+    uvicorn.run(
+        app_for(sys.argv[1], interval), host="127.0.0.1", port=int(sys.argv[2]), log_level="warning", lifespan="off"
+    )

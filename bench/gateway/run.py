@@ -28,6 +28,10 @@ a baseline whose ``uv.lock`` has no uvloop (before it became a dependency) runs 
 A third column, the *floor* (``floor.py``), is the least any proxy on this stack costs: uvicorn and the gateway's
 engine hop handing the engine's bytes back untouched (no validation, parsing or record). The bench prints how far
 above it this tree is; what the floor itself costs (the event loop, the sockets) no change inside the gateway removes.
+The floor asks the engine for what this tree's gateway asks by default, ``stream_interval`` included (a streamed
+answer's tokens in chunks of that many, the first and the end at once). A fourth column, *this tree, one token per
+event*, is this tree's gateway with ``FLOE_GATEWAY_ENGINE_STREAM_INTERVAL=1``: the same code, one SSE event per
+token as before that setting; it runs 1 and 2 only, since non-streamed calls do not depend on it.
 
 Each gateway runs in its own process with a sink that encodes each ``ModelCallRecorded`` exactly as the producer
 would (``contracts.encode``) and counts the bytes, so no broker is needed; Kafka stores those bytes before any
@@ -67,6 +71,7 @@ from report import write
 CONTROL = "bench-control"
 NO_UVLOOP = "FLOE_BENCH_NO_UVLOOP"  # set for a tree whose lock has no uvloop: its gateway runs on asyncio's loop
 FLOOR = "floor"  # the name of the floor column's process (``floor.py``)
+PER_TOKEN = "token"  # the name of this tree's gateway with one SSE event per token (streamed calls only)
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_BASELINE = "9946ec0"  # main before the engine-hop client, the non-streamed upstream and the front door
 SRC_DIRS = [
@@ -180,6 +185,13 @@ class Gateway:
         return total / 1e9
 
 
+def default_stream_interval() -> int:
+    """What this tree's gateway asks the engine for by default (``GatewaySettings.engine_stream_interval``)."""
+    from gateway.settings import GatewaySettings
+
+    return int(GatewaySettings.model_fields["engine_stream_interval"].default)
+
+
 def baseline_tree(rev: str) -> Path:
     """A worktree of ``rev`` (made once), whose sources the baseline gateway runs."""
     sha = subprocess.run(
@@ -233,10 +245,12 @@ def locks_uvloop(tree: Path) -> bool:
     return lock.is_file() and 'name = "uvloop"' in lock.read_text()
 
 
-def start_gateway(name: str, engine_url: str, tree: Path, scratch: Path) -> Gateway:
+def start_gateway(
+    name: str, engine_url: str, tree: Path, scratch: Path, env_extra: dict[str, str] | None = None
+) -> Gateway:
     port = free_port()
     records = scratch / f"records-{name}.jsonl"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(tree / d) for d in SRC_DIRS)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(tree / d) for d in SRC_DIRS), **(env_extra or {})}
     if not locks_uvloop(tree):  # the baseline runs on the event loop its own lock gave it, not this venv's
         env[NO_UVLOOP] = "1"
     argv = [sys.executable, str(Path(__file__).resolve()), "--serve-gateway", engine_url, str(port), str(records)]
@@ -247,12 +261,13 @@ def start_gateway(name: str, engine_url: str, tree: Path, scratch: Path) -> Gate
     return Gateway(name, proc, url, records)
 
 
-def start_floor(engine_url: str, scratch: Path) -> Gateway:
+def start_floor(engine_url: str, scratch: Path, stream_interval: int) -> Gateway:
     """The floor column (``floor.py``): uvicorn and this tree's engine hop, forwarding bytes, nothing else."""
     port = free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(ROOT / d) for d in SRC_DIRS)}
     log = (scratch / "floor.log").open("wb")
-    argv = [sys.executable, str(Path(__file__).resolve().parent / "floor.py"), engine_url, str(port)]
+    floor = str(Path(__file__).resolve().parent / "floor.py")
+    argv = [sys.executable, floor, engine_url, str(port), str(stream_interval)]
     proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     wait_http(url + "/healthz", proc, "floor", 60)
@@ -435,8 +450,11 @@ async def main_async(quick: bool, baseline: str, turns: int) -> dict[str, Any]:
         for tree in trees.values():
             gws.append(start_gateway("now" if tree == ROOT else "base", engine, tree, scratch))
         names = dict(zip((g.name for g in gws), trees, strict=True))
-        gws.append(start_floor(engine, scratch))
+        gws.append(start_floor(engine, scratch, default_stream_interval()))
         names[FLOOR] = "floor: proxy only"
+        gws.append(start_gateway(PER_TOKEN, engine, ROOT, scratch, {"FLOE_GATEWAY_ENGINE_STREAM_INTERVAL": "1"}))
+        names[PER_TOKEN] = "this tree, per token"
+        full = [g for g in gws if g.name != PER_TOKEN]  # the columns of the sections that stream nothing
         async with httpx.AsyncClient(timeout=300, limits=httpx.Limits(max_connections=200)) as client:
             body = {
                 "model": "policy",
@@ -466,7 +484,7 @@ async def main_async(quick: bool, baseline: str, turns: int) -> dict[str, Any]:
             # TTFT two ways: answers read to their end (what harnesses do), and probes that hang up at the first token.
             t_direct: dict[bool, list[float]] = {False: [], True: []}
             t_gw: dict[bool, dict[str, list[float]]] = {leave: {g.name: [] for g in gws} for leave in (False, True)}
-            added: dict[str, list[float]] = {g.name: [] for g in gws}
+            added: dict[str, list[float]] = {g.name: [] for g in full}
             # Interleaved, so load drifts hit every column alike, and in a rotating order: a probe that hangs up leaves
             # the engine finishing (or aborting) that answer while the next probe starts, so a fixed order would always
             # hand the same column that leftover work.
@@ -481,12 +499,12 @@ async def main_async(quick: bool, baseline: str, turns: int) -> dict[str, Any]:
                             url = tg.url + "/v1/chat/completions"
                             t_gw[leave][tg.name].append(await ttft(client, url, heads[tg.name], body, leave=leave))
             for i in range(n_lat):
-                for g in gws[i % len(gws) :] + gws[: i % len(gws)]:
+                for g in full[i % len(full) :] + full[: i % len(full)]:
                     d = await call(client, engine + "/v1/chat/completions", {}, direct_body)
                     x = await call(client, g.url + "/v1/chat/completions", heads[g.name], body)
                     added[g.name].append(x - d)
             rows = []
-            cpu_load: dict[str, dict[int, float]] = {g.name: {} for g in gws}
+            cpu_load: dict[str, dict[int, float]] = {g.name: {} for g in full}
             for conc in (1, 16, 64):
                 # the gateway always streams from the engine: the engine's own SSE path is the fair baseline too
                 ds = await throughput(
@@ -498,7 +516,7 @@ async def main_async(quick: bool, baseline: str, turns: int) -> dict[str, Any]:
                     per_session,
                 )
                 per_gw = {}
-                for g in gws:
+                for g in full:
                     toks = [session(g.url, f"tp{conc}-{i}") for i in range(conc)]
                     c0 = g.cpu_s()
                     per_gw[g.name] = await throughput(
@@ -514,7 +532,7 @@ async def main_async(quick: bool, baseline: str, turns: int) -> dict[str, Any]:
             # The long session on each gateway (not the floor: it has no exact mode), CPU per call while it runs: the
             # cost of what grows with a session (prompt ids, the history the exact planner and the delta encoders read).
             long_cpu: dict[str, float] = {}
-            for g in gws:
+            for g in full:
                 if g.name != FLOOR:
                     c0 = g.cpu_s()
                     await long_session(g, turns, client)
@@ -563,20 +581,21 @@ def report(
             f"{f'streaming TTFT p50, gateway / direct, {how}':52}{'':>12}"
             + "".join(f"{pct(t_gw[leave][n], 50) / d50:22.2f}" for n in order)
         )
+    na = f"{'n/a':>22}"
     for name, q in (("added latency per call p50 (ms)", 50), ("added latency per call p99 (ms)", 99)):
-        print(f"{name:52}{'':>12}" + "".join(f"{pct(added[n], q) * ms:22.2f}" for n in order))
+        print(f"{name:52}{'':>12}" + "".join(f"{pct(added[n], q) * ms:22.2f}" if n in added else na for n in order))
     for conc, ds, per_gw in rows:
         print(
             f"{f'calls/s at {conc} sessions (direct: engine SSE)':52}{ds:12.1f}"
-            + "".join(f"{per_gw[n]:22.1f}" for n in order)
+            + "".join(f"{per_gw[n]:22.1f}" if n in per_gw else na for n in order)
         )
         print(
             f"{f'gateway CPU per call at {conc} sessions (ms)':52}{'':>12}"
-            + "".join(f"{cpu_load[n][conc]:22.2f}" for n in order)
+            + "".join(f"{cpu_load[n][conc]:22.2f}" if n in cpu_load else na for n in order)
         )
     print(
         f"{f'gateway CPU per call, {turns}-call exact-mode session (ms)':52}{'':>12}"
-        + "".join(f"{long_cpu[n]:22.2f}" if n in long_cpu else f"{'n/a':>22}" for n in order)
+        + "".join(f"{long_cpu[n]:22.2f}" if n in long_cpu else na for n in order)
     )
     print(f"{'  (prompt tokens at its last call)':52}{'':>12}{b.last_prompt_len:22d}")
     for p, c in cpu.items():
@@ -584,6 +603,11 @@ def report(
             print(
                 f"this tree / baseline, {p}: CPU per call {c['now'][0] / c['base'][0]:.2f}x "
                 f"(streaming {c['now'][1] / c['base'][1]:.2f}x)"
+            )
+        if PER_TOKEN in c:
+            print(
+                f"this tree, streaming, {c['now'][1]:.2f} ms per call vs {c[PER_TOKEN][1]:.2f} ms with one token per "
+                f"event, {p}: {c['now'][1] / c[PER_TOKEN][1]:.2f}x"
             )
         print(
             f"this tree above the floor, {p}: {c['now'][0] - c[FLOOR][0]:.2f} ms per call "
@@ -606,7 +630,7 @@ def report(
     )
     figures: dict[str, Any] = {"turns": turns}
     for n in order:
-        tag = {"now": "", "base": "_baseline", FLOOR: "_floor"}[n]
+        tag = {"now": "", "base": "_baseline", FLOOR: "_floor", PER_TOKEN: "_per_token"}[n]
         # CPU on shared cores keeps the keys earlier runs wrote; the gateway on its own core ends in _own_core
         for place in (SHARED, OWN_CORE):
             where = "_own_core" if place.own else ""
@@ -614,14 +638,16 @@ def report(
             figures[f"gateway_cpu_ms_per_call_streaming{tag}{where}"] = round(cpu[place.name][n][1], 3)
         if n in long_cpu:
             figures[f"gateway_cpu_ms_per_call_long_session{tag}"] = round(long_cpu[n], 3)
-        figures[f"added_latency_p50_ms{tag}"] = round(pct(added[n], 50) * ms, 3)
-        figures[f"added_latency_p99_ms{tag}"] = round(pct(added[n], 99) * ms, 3)
+        if n in added:
+            figures[f"added_latency_p50_ms{tag}"] = round(pct(added[n], 50) * ms, 3)
+            figures[f"added_latency_p99_ms{tag}"] = round(pct(added[n], 99) * ms, 3)
         for leave, how in ((False, ""), (True, "_leave")):
             figures[f"ttft_p50_ms{how}{tag}"] = round(pct(t_gw[leave][n], 50) * ms, 3)
             figures[f"ttft_ratio{how}{tag}"] = round(pct(t_gw[leave][n], 50) / pct(t_direct[leave], 50), 3)
         for conc, _, per_gw in rows:
-            figures[f"calls_per_s_{conc}{tag}"] = round(per_gw[n], 2)
-            figures[f"gateway_cpu_ms_per_call_{conc}_sessions{tag}"] = round(cpu_load[n][conc], 3)
+            if n in per_gw:
+                figures[f"calls_per_s_{conc}{tag}"] = round(per_gw[n], 2)
+                figures[f"gateway_cpu_ms_per_call_{conc}_sessions{tag}"] = round(cpu_load[n][conc], 3)
     figures["ttft_p50_ms_direct"] = round(pct(t_direct[False], 50) * ms, 3)
     figures["ttft_p50_ms_leave_direct"] = round(pct(t_direct[True], 50) * ms, 3)
     figures["client_retries"] = RETRIES["count"]

@@ -450,6 +450,13 @@ def test_tool_call_turn_canonical_and_exact(stack: Stack, tokenizer: Any) -> Non
     checked = check_calls(stack, tokenizer, seen)
     (canon, v_canon), (exact1, v_exact1), (exact2, _) = checked
     assert v_canon.calls == streamed == [("ls", {})], (stack.engine.name, v_canon, streamed)
+    # The streamed call asked for chunks of `engine_stream_interval` tokens (the first at once), and got them: the
+    # call above was parsed across multi-token deltas, and check_calls found every sampled id and logprob recorded.
+    interval = GatewaySettings.model_fields["engine_stream_interval"].default
+    asked = stack.tap.generations()[0]
+    assert asked.request["stream"] and asked.request["stream_interval"] == interval
+    sizes = [n for c in asked.chunks() for ch in c.get("choices") or [] if (n := len(ch.get("token_ids") or []))]
+    assert sizes[0] == 1 and 1 < max(sizes) <= interval, sizes
     assert v_exact1.calls == [(call.function.name, json.loads(call.function.arguments))] == [("ls", {})]
     assert canon.finish_reason == exact1.finish_reason == "tool_calls"
     # One template, one greedy model: both modes saw the same prompt and sampled the same call.

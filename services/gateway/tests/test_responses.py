@@ -43,6 +43,31 @@ async def test_leads_go_out_in_one_write_with_the_next_event_and_nothing_is_reor
     ]
 
 
+async def test_once_settled_the_tail_goes_out_in_one_write_with_the_end_of_the_body() -> None:
+    sent: list[MutableMapping[str, Any]] = []
+    state = {"recorded": False}
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        sent.append(message)
+
+    async def receive() -> dict[str, Any]:
+        await asyncio.Event().wait()
+        raise AssertionError
+
+    async def turn() -> AsyncIterator[bytes]:
+        yield Lead(b"a")
+        yield b"b"
+        await asyncio.sleep(0)
+        yield b"c"
+        state["recorded"] = True  # the record is durable: what follows is the stream's tail
+        yield b"d"
+        yield Lead(b"e")
+        yield b"f"
+
+    await EventStream(turn(), settled=lambda: state["recorded"])({"type": "http"}, receive, send)
+    assert [(m["body"], m["more_body"]) for m in sent[1:]] == [(b"ab", True), (b"c", True), (b"def", False)]
+
+
 async def test_a_client_that_leaves_ends_the_stream_where_it_waits_and_closes_the_iterator() -> None:
     gone = asyncio.Event()
     closed: list[str] = []

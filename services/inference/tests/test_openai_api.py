@@ -90,6 +90,65 @@ def test_chat_streaming_matches_non_streaming_for_the_same_seed(client: openai.O
     assert chunks[-1]["usage"]["completion_tokens"] == len(ids)
 
 
+def _sse_chunks(http: httpx.Client, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+    with http.stream("POST", path, json={**body, "stream": True}) as r:
+        r.raise_for_status()
+        lines = [line[5:].strip() for line in r.iter_lines() if line.startswith("data:")]
+    assert lines[-1] == "[DONE]"
+    return [json.loads(line) for line in lines[:-1]]
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_stream_interval_batches_tokens_and_loses_none(http: httpx.Client, path: str) -> None:
+    """vLLM's ``stream_interval``: the first token at once, then chunks of ``interval`` tokens, the rest at the end;
+    the same ids, logprobs and text as one event per token."""
+    body: dict[str, Any] = {"model": "policy", "max_tokens": 10, "seed": 4, "ignore_eos": True}
+    body |= {"return_token_ids": True, "stream_options": {"include_usage": True}}
+    if path.endswith("chat/completions"):
+        body |= {"messages": [{"role": "user", "content": "Count to ten"}], "logprobs": True}
+    else:
+        body |= {"prompt": "def add(a, b):\n", "logprobs": 1}
+    per_token = _sse_chunks(http, path, body)
+    batched = _sse_chunks(http, path, {**body, "stream_interval": 4})
+
+    def tokens(chunks: list[dict[str, Any]]) -> list[list[int]]:
+        return [c["choices"][0]["token_ids"] for c in chunks if c["choices"] and c["choices"][0].get("token_ids")]
+
+    def logprobs(chunks: list[dict[str, Any]]) -> list[float]:
+        out: list[float] = []
+        for c in chunks:
+            lp = c["choices"][0]["logprobs"] if c["choices"] else None
+            if lp:
+                out += [e["logprob"] for e in lp["content"]] if "content" in lp else lp["token_logprobs"]
+        return out
+
+    def text(chunks: list[dict[str, Any]]) -> str:
+        choices = [c["choices"][0] for c in chunks if c["choices"]]
+        return "".join((ch.get("delta") or {}).get("content") or ch.get("text") or "" for ch in choices)
+
+    assert [len(t) for t in tokens(per_token)] == [1] * 10
+    assert [len(t) for t in tokens(batched)] == [1, 4, 4, 1]
+    assert [t for c in tokens(batched) for t in c] == [t for c in tokens(per_token) for t in c]
+    assert logprobs(batched) == logprobs(per_token) and len(logprobs(batched)) == 10
+    assert text(batched) == text(per_token)
+    assert batched[-1]["usage"] == per_token[-1]["usage"]
+    if path == "/v1/completions":  # offsets of the legacy logprobs run on across chunks
+        offsets = [
+            o
+            for c in batched
+            if c["choices"] and c["choices"][0]["logprobs"]
+            for o in c["choices"][0]["logprobs"]["text_offset"]
+        ]
+        assert offsets == [
+            o
+            for c in per_token
+            if c["choices"] and c["choices"][0]["logprobs"]
+            for o in c["choices"][0]["logprobs"]["text_offset"]
+        ]
+    bad = http.post(path, json={**body, "stream": True, "stream_interval": 0})
+    assert bad.status_code == 400 and "stream_interval" in bad.text
+
+
 def test_chat_with_tools_and_tool_history(client: openai.OpenAI, http: httpx.Client) -> None:
     messages: list[Any] = [
         {"role": "user", "content": "read a.txt"},

@@ -63,6 +63,7 @@ def create_app(
             timeout_s=settings.engine_timeout_s,
             connect_timeout_s=settings.engine_connect_timeout_s,
             unhealthy_s=settings.engine_unhealthy_s,
+            stream_interval=settings.engine_stream_interval,
         )
         async with contextlib.AsyncExitStack() as stack:
             stack.push_async_callback(engine.aclose)

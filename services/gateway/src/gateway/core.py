@@ -187,6 +187,8 @@ class Turn:
         self._ttft_ms = 0.0
         self._engine_url = ""
         self._closed = False
+        # True once the record is durable: the answer is complete and nothing of this turn waits on anything any more
+        self.recorded = False
 
     # ------------------------------------------------------------------------------------------- start
 
@@ -329,7 +331,7 @@ class Turn:
             self.result.finish_reason = self._finish(finish, stop_reason)
             self.result.usage = Usage(len(self._prompt_ids), len(ids))
             await self._record(ids, lps, version)
-            ok = True
+            ok = self.recorded = True
         except (GeneratorExit, asyncio.CancelledError):
             self.gw.metrics.client_disconnects.inc()
             error = _ClientLeft("the client left before the answer ended")

@@ -10,13 +10,16 @@ hot path:
   uvicorn is; this one runs the stream in the request's own task and watches for the client leaving from one small
   task. When the client leaves, the stream is cancelled where it waits (for the engine, usually) and its iterator is
   closed: the turn sees ``CancelledError`` or ``GeneratorExit`` and is not recorded, as before. A chunk that is a
-  ``protocols.sse.Lead`` waits for the next chunk that is not, and goes out in the same write.
+  ``protocols.sse.Lead`` waits for the next chunk that is not, and goes out in the same write. Once ``settled()``
+  is true (the turn is recorded: what the iterator still yields is the stream's tail, finish and usage events,
+  ``[DONE]``, ``message_stop``...), every chunk is held and the tail goes out in one write with the end of the body,
+  instead of one write (a syscall, and a wake-up of the client) per event.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 from pydantic_core import to_json
@@ -42,8 +45,10 @@ class EventStream(Response):
         *,
         media_type: str = "text/event-stream",
         headers: Mapping[str, str] | None = None,
+        settled: Callable[[], bool] = lambda: False,
     ) -> None:
         self.body_iterator = chunks
+        self._settled = settled
         self.status_code = 200
         self.media_type = media_type
         self.background: BackgroundTask | None = None
@@ -66,8 +71,9 @@ class EventStream(Response):
         try:
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
             held = b""
+            settled = self._settled
             async for chunk in chunks:
-                if type(chunk) is Lead:
+                if type(chunk) is Lead or settled():
                     held += chunk
                     continue
                 if held:

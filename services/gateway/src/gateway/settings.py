@@ -32,6 +32,12 @@ class GatewaySettings(BaseSettings):
     engine_unhealthy_s: float = Field(
         default=10.0, description="how long a replica that refused a connection is skipped"
     )
+    engine_stream_interval: int = Field(
+        default=16,
+        ge=1,
+        description="a streamed answer's tokens arrive from the engine (and go to the harness) in chunks of this many, "
+        "the first token and the end at once (vLLM's per-request stream_interval); 1: one event per token",
+    )
 
     control_token: SecretStr | None = Field(default=None, description="bearer token for /admin/*; None: admin disabled")
     session_ttl_s: float = 7200.0

@@ -3,8 +3,9 @@
 Endpoints used (field names as in vLLM's ``entrypoints/openai/protocol.py``):
 
 - ``POST /v1/chat/completions`` (canonical mode) with ``return_token_ids``, ``logprobs``, ``top_logprobs=0``,
-  ``stream=true`` and ``stream_options.include_usage``. The first chunk carries top-level ``prompt_token_ids``;
-  each chunk carries ``choices[0].token_ids`` and ``choices[0].logprobs.content[].logprob`` for its tokens.
+  ``stream=true``, ``stream_options.include_usage`` and ``stream_interval``. The first chunk carries top-level
+  ``prompt_token_ids``; each chunk carries ``choices[0].token_ids`` and ``choices[0].logprobs.content[].logprob``
+  for its tokens.
 - ``POST /v1/completions`` (exact mode) with ``prompt`` = a list of token ids; chunks carry ``choices[0].text``,
   ``choices[0].token_ids`` and ``choices[0].logprobs.token_logprobs`` (or the chat-style ``content`` list).
 - ``POST /tokenize`` (messages + tools, ``add_generation_prompt``) -> ``tokens``, ``max_model_len``;
@@ -17,7 +18,11 @@ Endpoints used (field names as in vLLM's ``entrypoints/openai/protocol.py``):
 
 The gateway streams from the engine when its client streams; for a client that waits for the whole answer it asks the
 engine for the whole answer (one read, not one wake-up per token: most of the gateway's CPU per call was spent on
-those). Both arrive as ``EngineChunk`` values, so the pipeline after the parser has one code path.
+those). Both arrive as ``EngineChunk`` values, so the pipeline after the parser has one code path. A streamed
+request also carries vLLM's ``stream_interval`` (``GatewaySettings.engine_stream_interval``, 16 by default): the
+engine sends the first token at once, then chunks of that many tokens, the rest with the end. Each event costs a
+wake-up, a parse and a write in every hop that relays it (engine, gateway, harness), and a harness under training
+acts on whole turns, not on single tokens; each chunk still carries the ids and logprobs of all its tokens.
 
 Routing: a consistent-hash ring (64 virtual nodes per replica) maps ``session_id`` to a replica so a session's
 calls hit the same prefix cache; a replica that refuses a connection is skipped for ``engine_unhealthy_s`` and the
@@ -283,8 +288,13 @@ class EngineClient:
         timeout_s: float,
         connect_timeout_s: float,
         unhealthy_s: float,
+        stream_interval: int = 1,
     ) -> None:
         self.ring = HashRing(urls)
+        # What a streamed request asks the engine for (vLLM's `stream_interval`); an engine without it ignores it
+        self._stream_extra: dict[str, Any] = {"stream": True, "stream_options": {"include_usage": True}}
+        if stream_interval > 1:
+            self._stream_extra["stream_interval"] = stream_interval
         self._model = model
         self.max_model_len: int | None = None
         self._unhealthy_s = unhealthy_s
@@ -380,8 +390,9 @@ class EngineClient:
         one chunk -- one read instead of one per token, the same fields.
 
         Failover to the next replica only while no answer byte has been read."""
-        extra: dict[str, Any] = {"stream": True, "stream_options": {"include_usage": True}} if incremental else {}
-        url, resp = await self._open(session_id, "POST", path, to_json({**body, **extra} if extra else body))
+        url, resp = await self._open(
+            session_id, "POST", path, to_json({**body, **self._stream_extra} if incremental else body)
+        )
         hv = resp.headers.get("x-floe-weight-version")
         header_version = int(hv) if hv and hv.isdigit() else None
         if not incremental or resp.status != 200:

@@ -283,14 +283,37 @@ class OpenAIServing:
                 ]
             return out
 
+        interval = req.stream_interval or 1
+        batch, batch_ids, batch_lps = Delta(), list[int](), list[JSON]()  # tokens sampled but not yet sent
+        tools_seen = 0
+
+        def flush() -> str | None:
+            """The chunk of the batched tokens (None when it would say nothing), and an empty batch."""
+            nonlocal batch, batch_ids, batch_lps, tools_seen
+            dj = delta_json(batch, tools_seen)
+            tools_seen += len(batch.tool_calls)
+            out = None
+            if dj or (want_tokens and batch_ids):
+                extra: JSON = {}
+                if req.logprobs:
+                    extra["logprobs"] = {"content": batch_lps}
+                if req.return_token_ids:
+                    extra["token_ids"] = batch_ids
+                out = _sse(chunk(dj, **extra))
+            batch, batch_ids, batch_lps = Delta(), [], []
+            return out
+
         async def lines() -> AsyncIterator[str]:
-            n_tokens, tools_seen = 0, 0
+            nonlocal tools_seen
+            n_tokens = 0
             try:
                 head: JSON = {"role": "assistant", "content": ""}
                 yield _sse(chunk(head, prompt_token_ids=handle.prompt_ids if req.return_token_ids else None))
                 ev: TokenEvent | Finish | None = first
                 while ev is not None:
                     if isinstance(ev, Finish):
+                        if batch_ids and (pending := flush()) is not None:
+                            yield pending
                         tail = parser.finish()
                         if tail:
                             yield _sse(chunk(delta_json(tail, tools_seen)))
@@ -321,15 +344,14 @@ class OpenAIServing:
                         break
                     n_tokens += 1
                     d = parser.push(ev.token_id)
-                    dj = delta_json(d, tools_seen)
-                    tools_seen += len(d.tool_calls)
-                    if dj or want_tokens:
-                        extra: JSON = {}
-                        if req.logprobs:
-                            extra["logprobs"] = {"content": [self._chat_logprob_entry(ev, as_ids, top_n)]}
-                        if req.return_token_ids:
-                            extra["token_ids"] = [ev.token_id]
-                        yield _sse(chunk(dj, **extra))
+                    batch.content += d.content
+                    batch.reasoning += d.reasoning
+                    batch.tool_calls += d.tool_calls
+                    batch_ids.append(ev.token_id)
+                    if req.logprobs:
+                        batch_lps.append(self._chat_logprob_entry(ev, as_ids, top_n))
+                    if (n_tokens == 1 or len(batch_ids) >= interval) and (out := flush()) is not None:
+                        yield out
                     ev = await anext(events, None)
                 yield "data: [DONE]\n\n"
             finally:
@@ -443,8 +465,24 @@ class OpenAIServing:
             body.update({k: v for k, v in extra.items() if k in ("weight_version", "usage")})
             return body
 
+        interval = req.stream_interval or 1
+
         async def lines() -> AsyncIterator[str]:
             n_tokens, text_pos, sent_prompt = 0, 0, False
+            batch: list[TokenEvent] = []  # tokens sampled but not yet sent
+            text = ""
+
+            def flush(extra: JSON) -> str:
+                nonlocal text, text_pos
+                if req.logprobs is not None:
+                    extra["logprobs"] = self._completion_logprobs(batch, req.logprobs, as_ids, text_pos)
+                    text_pos += sum(len(t) for t in extra["logprobs"]["tokens"])
+                if req.return_token_ids:
+                    extra["token_ids"] = [e.token_id for e in batch]
+                out, text = _sse(chunk(text, **extra)), ""
+                batch.clear()
+                return out
+
             try:
                 ev: TokenEvent | Finish | None = first
                 while ev is not None:
@@ -453,6 +491,9 @@ class OpenAIServing:
                         extra["prompt_token_ids"] = handle.prompt_ids
                         sent_prompt = True
                     if isinstance(ev, Finish):
+                        if batch:
+                            yield flush(extra)
+                            extra = {}
                         usage = self._usage(prompt_len, n_tokens)
                         yield _sse(
                             chunk(
@@ -477,13 +518,10 @@ class OpenAIServing:
                             )
                         break
                     n_tokens += 1
-                    text = streamer.push(ev.token_id)
-                    if req.logprobs is not None:
-                        extra["logprobs"] = self._completion_logprobs([ev], req.logprobs, as_ids, text_pos)
-                        text_pos += len(extra["logprobs"]["tokens"][0])
-                    if req.return_token_ids:
-                        extra["token_ids"] = [ev.token_id]
-                    yield _sse(chunk(text, **extra))
+                    text += streamer.push(ev.token_id)
+                    batch.append(ev)
+                    if n_tokens == 1 or len(batch) >= interval:
+                        yield flush(extra)
                     ev = await anext(events, None)
                 yield "data: [DONE]\n\n"
             finally:

@@ -63,7 +63,7 @@ async def run(
     turn = Turn(gateway_of(request), session, canon, api.PROTOCOL)
     await turn.start()
     if canon.stream and stream is not None:
-        return EventStream(stream(turn), headers=SSE_HEADERS)
+        return EventStream(stream(turn), headers=SSE_HEADERS, settled=lambda: turn.recorded)
     async for _ in turn.events():
         pass
     return json_response(api.render_json(turn.result))

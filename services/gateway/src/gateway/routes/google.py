@@ -77,4 +77,9 @@ async def stream_generate_content(request: Request, model: str, body: google_gen
     turn = Turn(gateway_of(request), session, canon, google_generate.PROTOCOL)
     await turn.start()
     media = "text/event-stream" if sse_mode else "application/json"
-    return EventStream(google_generate.stream(turn, sse_mode, error_body), media_type=media, headers=SSE_HEADERS)
+    return EventStream(
+        google_generate.stream(turn, sse_mode, error_body),
+        media_type=media,
+        headers=SSE_HEADERS,
+        settled=lambda: turn.recorded,
+    )
