@@ -27,4 +27,3 @@ async def test_a_sandbox_with_cgroup_limits_ends_with_its_program(shape: Shape, 
     assert not res.timed_out, f"on {type(asyncio.get_running_loop()).__module__}: the output never ended"
     assert res.exit_code == 0
     assert b"out" in res.stdout
-
