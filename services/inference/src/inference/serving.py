@@ -284,36 +284,37 @@ class OpenAIServing:
             return out
 
         interval = req.stream_interval or 1
-        batch, batch_ids, batch_lps = Delta(), list[int](), list[JSON]()  # tokens sampled but not yet sent
-        tools_seen = 0
-
-        def flush() -> str | None:
-            """The chunk of the batched tokens (None when it would say nothing), and an empty batch."""
-            nonlocal batch, batch_ids, batch_lps, tools_seen
-            dj = delta_json(batch, tools_seen)
-            tools_seen += len(batch.tool_calls)
-            out = None
-            if dj or (want_tokens and batch_ids):
-                extra: JSON = {}
-                if req.logprobs:
-                    extra["logprobs"] = {"content": batch_lps}
-                if req.return_token_ids:
-                    extra["token_ids"] = batch_ids
-                out = _sse(chunk(dj, **extra))
-            batch, batch_ids, batch_lps = Delta(), [], []
-            return out
 
         async def lines() -> AsyncIterator[str]:
-            nonlocal tools_seen
-            n_tokens = 0
+            n_tokens, tools_seen = 0, 0
+            batch: list[TokenEvent] = []  # tokens sampled but not yet sent, and their parsed delta
+            pending = Delta()
+
+            def flush() -> str | None:
+                """The chunk of the batched tokens (None when it would say nothing); the batch is emptied."""
+                nonlocal tools_seen, pending
+                dj = delta_json(pending, tools_seen)
+                tools_seen += len(pending.tool_calls)
+                out = None
+                if dj or want_tokens:
+                    extra: JSON = {}
+                    if req.logprobs:
+                        extra["logprobs"] = {"content": [self._chat_logprob_entry(e, as_ids, top_n) for e in batch]}
+                    if req.return_token_ids:
+                        extra["token_ids"] = [e.token_id for e in batch]
+                    out = _sse(chunk(dj, **extra))
+                batch.clear()
+                pending = Delta()
+                return out
+
             try:
                 head: JSON = {"role": "assistant", "content": ""}
                 yield _sse(chunk(head, prompt_token_ids=handle.prompt_ids if req.return_token_ids else None))
                 ev: TokenEvent | Finish | None = first
                 while ev is not None:
                     if isinstance(ev, Finish):
-                        if batch_ids and (pending := flush()) is not None:
-                            yield pending
+                        if batch and (out := flush()) is not None:
+                            yield out
                         tail = parser.finish()
                         if tail:
                             yield _sse(chunk(delta_json(tail, tools_seen)))
@@ -344,13 +345,11 @@ class OpenAIServing:
                         break
                     n_tokens += 1
                     d = parser.push(ev.token_id)
-                    batch.content += d.content
-                    batch.reasoning += d.reasoning
-                    batch.tool_calls += d.tool_calls
-                    batch_ids.append(ev.token_id)
-                    if req.logprobs:
-                        batch_lps.append(self._chat_logprob_entry(ev, as_ids, top_n))
-                    if (n_tokens == 1 or len(batch_ids) >= interval) and (out := flush()) is not None:
+                    pending.content += d.content
+                    pending.reasoning += d.reasoning
+                    pending.tool_calls += d.tool_calls
+                    batch.append(ev)
+                    if (n_tokens == 1 or len(batch) >= interval) and (out := flush()) is not None:
                         yield out
                     ev = await anext(events, None)
                 yield "data: [DONE]\n\n"
