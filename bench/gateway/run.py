@@ -124,7 +124,9 @@ def start_engine(model_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
 
 @dataclass(frozen=True)
 class Delivery:
-    """What the sink reports of a record, as ``eventbus.Producer.send``'s ``Delivery`` does: the bytes it wrote."""
+    """What the sink reports of a record, as ``eventbus.Producer.send``'s ``Delivery`` does: the bytes it wrote (the
+    one field the recorder reads). Not eventbus's own class: the sink also serves baseline trees, whose eventbus may
+    predate it."""
 
     size: int
 
