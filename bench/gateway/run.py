@@ -35,10 +35,15 @@ token as before that setting; it runs 1 and 2 only, since non-streamed calls do 
 
 Each gateway runs in its own process with a sink that encodes each ``ModelCallRecorded`` exactly as the producer
 would (``contracts.encode``) and counts the bytes, so no broker is needed; Kafka stores those bytes before any
-compression. Engine, gateways and this client are separate processes on one machine, so they compete for cores:
+compression. Two more columns (skipped with ``--no-kafka``) run this tree's gateway as deployed, producing its
+records to a real broker (``eventbus.broker.LocalBroker``, beside the engine, off the gateways' core) and waiting for
+each ack: *this tree, Kafka*, with the gateway's own producer settings, and *Kafka, linger 5 ms*, the same with
+eventbus's default linger, which the gateway used before ``record_linger_ms``. What they add over the file sink is the
+producer's CPU (librdkafka's threads, the poll thread, the loop's wake-up per ack) and the broker's round trip, which
+every call waits for before its end. Engine, gateways and this client are separate processes on one machine, so they compete for cores:
 compare columns of one run, not runs. Figures go to ``.floe/bench/gateway.json``.
 
-    .venv/bin/python bench/gateway/run.py [--quick] [--baseline REV|none] [--turns N]
+    .venv/bin/python bench/gateway/run.py [--quick] [--baseline REV|none] [--turns N] [--no-kafka]
 """
 
 from __future__ import annotations
@@ -72,6 +77,9 @@ CONTROL = "bench-control"
 NO_UVLOOP = "FLOE_BENCH_NO_UVLOOP"  # set for a tree whose lock has no uvloop: its gateway runs on asyncio's loop
 FLOOR = "floor"  # the name of the floor column's process (``floor.py``)
 PER_TOKEN = "token"  # the name of this tree's gateway with one SSE event per token (streamed calls only)
+KAFKA = "kafka"  # this tree's gateway producing its records to a real broker, as deployed
+KAFKA_LINGER = "kafka-linger"  # the same with eventbus's producer linger (the gateway's before record_linger_ms)
+KAFKA_SINK = "kafka:"  # a RECORDS argument ``kafka:<bootstrap>``: produce to that broker instead of a file
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_BASELINE = "9946ec0"  # main before the engine-hop client, the non-streamed upstream and the front door
 SRC_DIRS = [
@@ -149,7 +157,8 @@ class RecordSink:  # runs in the gateway subprocess, with that tree's contracts
 
 
 def serve_gateway(engine_url: str, port: int, records: str) -> None:
-    """Subprocess entry: a gateway (of whichever tree is first on ``sys.path``) with a file sink, no broker."""
+    """Subprocess entry: a gateway (of whichever tree is first on ``sys.path``) with a file sink, no broker; or, for
+    ``records`` = ``kafka:<bootstrap>`` (this tree only), with its own Kafka producer on that broker, as deployed."""
     if os.environ.get(NO_UVLOOP):
         sys.modules["uvloop"] = None  # type: ignore[assignment]  # uvicorn's loop="auto" then runs asyncio's loop
     from pydantic import SecretStr
@@ -165,7 +174,12 @@ def serve_gateway(engine_url: str, port: int, records: str) -> None:
     settings = GatewaySettings(
         engine_urls=[engine_url], control_token=SecretStr(CONTROL), public_url=f"http://127.0.0.1:{port}"
     )
-    app = create_app(settings, sink=RecordSink(records))
+    if records.startswith(KAFKA_SINK):
+        from eventbus import KafkaSettings
+
+        app = create_app(settings, kafka=KafkaSettings(bootstrap_servers=records.removeprefix(KAFKA_SINK)))
+    else:
+        app = create_app(settings, sink=RecordSink(records))
     # Served as `python -m gateway` serves it: eventbus.serve, with the heap frozen after startup in a tree that can.
     from eventbus.serving import serve
 
@@ -257,14 +271,21 @@ def locks_uvloop(tree: Path) -> bool:
 
 
 def start_gateway(
-    name: str, engine_url: str, tree: Path, scratch: Path, env_extra: dict[str, str] | None = None
+    name: str,
+    engine_url: str,
+    tree: Path,
+    scratch: Path,
+    env_extra: dict[str, str] | None = None,
+    kafka: str | None = None,
 ) -> Gateway:
+    """A gateway of ``tree`` in a subprocess, recording to a file in ``scratch``, or to the broker ``kafka``."""
     port = free_port()
     records = scratch / f"records-{name}.jsonl"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(tree / d) for d in SRC_DIRS), **(env_extra or {})}
     if not locks_uvloop(tree):  # the baseline runs on the event loop its own lock gave it, not this venv's
         env[NO_UVLOOP] = "1"
-    argv = [sys.executable, str(Path(__file__).resolve()), "--serve-gateway", engine_url, str(port), str(records)]
+    sink = KAFKA_SINK + kafka if kafka else str(records)
+    argv = [sys.executable, str(Path(__file__).resolve()), "--serve-gateway", engine_url, str(port), sink]
     log = (scratch / f"gateway-{name}.log").open("wb")  # kept for a crash's traceback
     proc = subprocess.Popen(argv, env=env, cwd=str(tree), stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -445,7 +466,19 @@ def session_bytes(records: Path, session_id: str) -> Bytes:
     )
 
 
-async def main_async(quick: bool, baseline: str, turns: int) -> dict[str, Any]:
+def start_broker(scratch: Path) -> tuple[Any, str, float]:
+    """A real Kafka broker for the Kafka columns, its address, and the producer linger the gateway had before it set
+    its own (``eventbus.producer_config``'s default)."""
+    from eventbus import KafkaSettings
+    from eventbus.broker import LocalBroker, free_ports
+    from eventbus.producer import producer_config
+
+    broker = LocalBroker.at(scratch / "kafka")
+    address = broker.start(*free_ports(2), owner_pid=os.getpid())
+    return broker, address, float(producer_config(KafkaSettings())["linger.ms"])
+
+
+async def main_async(quick: bool, baseline: str, turns: int, kafka: bool) -> dict[str, Any]:
     n_lat = 10 if quick else 40
     n_ttft = 20 if quick else 80
     n_cpu = 30 if quick else 300
@@ -457,6 +490,7 @@ async def main_async(quick: bool, baseline: str, turns: int) -> dict[str, Any]:
         trees[f"baseline {baseline}"] = baseline_tree(baseline)
     proc, engine = start_engine(scratch / "model")
     gws: list[Gateway] = []
+    broker = None
     try:
         for tree in trees.values():
             gws.append(start_gateway("now" if tree == ROOT else "base", engine, tree, scratch))
@@ -465,6 +499,13 @@ async def main_async(quick: bool, baseline: str, turns: int) -> dict[str, Any]:
         names[FLOOR] = "floor: proxy only"
         gws.append(start_gateway(PER_TOKEN, engine, ROOT, scratch, {"FLOE_GATEWAY_ENGINE_STREAM_INTERVAL": "1"}))
         names[PER_TOKEN] = "this tree, per token"
+        if kafka:
+            broker, address, linger = start_broker(scratch)
+            gws.append(start_gateway(KAFKA, engine, ROOT, scratch, kafka=address))
+            names[KAFKA] = "this tree, Kafka"
+            linger_env = {"FLOE_GATEWAY_RECORD_LINGER_MS": f"{linger:g}"}
+            gws.append(start_gateway(KAFKA_LINGER, engine, ROOT, scratch, linger_env, kafka=address))
+            names[KAFKA_LINGER] = f"Kafka, linger {linger:g} ms"
         full = [g for g in gws if g.name != PER_TOKEN]  # the columns of the sections that stream nothing
         async with httpx.AsyncClient(timeout=300, limits=httpx.Limits(max_connections=200)) as client:
             body = {
@@ -483,6 +524,9 @@ async def main_async(quick: bool, baseline: str, turns: int) -> dict[str, Any]:
                     await call(client, g.url + "/v1/chat/completions", heads[g.name], body)
             cpu: dict[str, dict[str, tuple[float, float]]] = {}
             gw_pids, others = [g.proc.pid for g in gws], [proc.pid, os.getpid()]
+            broker_pid = broker.pid() if broker is not None else None
+            if broker_pid is not None:  # the broker runs beside the engine and this client, off the gateways' core
+                others.append(broker_pid)
             for place in (OWN_CORE, SHARED):
                 place.apply(gw_pids, others)
                 cpu[place.name] = {
@@ -544,7 +588,7 @@ async def main_async(quick: bool, baseline: str, turns: int) -> dict[str, Any]:
             # cost of what grows with a session (prompt ids, the history the exact planner and the delta encoders read).
             long_cpu: dict[str, float] = {}
             for g in full:
-                if g.name != FLOOR:
+                if g.name not in (FLOOR, KAFKA, KAFKA_LINGER):  # the same code as "now", only its records differ
                     c0 = g.cpu_s()
                     await long_session(g, turns, client)
                     long_cpu[g.name] = (g.cpu_s() - c0) / turns * 1000
@@ -553,6 +597,8 @@ async def main_async(quick: bool, baseline: str, turns: int) -> dict[str, Any]:
         for p in [g.proc for g in gws] + [proc]:
             p.terminate()
             p.wait(10)
+        if broker is not None:
+            broker.stop()
     b = session_bytes(now.records, "long")
     return report(gws, names, cpu, cpu_load, t_direct, t_gw, added, rows, b, turns, long_cpu)
 
@@ -625,6 +671,17 @@ def report(
             f"(streaming {c['now'][1] - c[FLOOR][1]:.2f} ms); the floor is {c[FLOOR][0] / c['now'][0]:.0%} "
             f"of this tree's CPU per call ({c[FLOOR][1] / c['now'][1]:.0%} streaming)"
         )
+    if KAFKA in order:
+        for p, c in cpu.items():
+            print(
+                f"this tree recording to Kafka vs to a file, {p}: {c[KAFKA][0] - c['now'][0]:+.2f} ms CPU per call "
+                f"(streaming {c[KAFKA][1] - c['now'][1]:+.2f} ms); with the producer's former linger "
+                f"{c[KAFKA_LINGER][0] - c['now'][0]:+.2f} ms ({c[KAFKA_LINGER][1] - c['now'][1]:+.2f} ms)"
+            )
+        print(
+            f"added latency p50 recording to Kafka: {pct(added[KAFKA], 50) * ms:.2f} ms, with the producer's former "
+            f"linger {pct(added[KAFKA_LINGER], 50) * ms:.2f} ms, to a file {pct(added['now'], 50) * ms:.2f} ms"
+        )
     tn, t1, tw = sum(b.naive), sum(b.v1), sum(b.now)
     k = min(10, b.calls // 2)
     print(f"\nKafka bytes of one {b.calls}-call exact-mode session (same records, three encodings)")
@@ -641,7 +698,14 @@ def report(
     )
     figures: dict[str, Any] = {"turns": turns}
     for n in order:
-        tag = {"now": "", "base": "_baseline", FLOOR: "_floor", PER_TOKEN: "_per_token"}[n]
+        tag = {
+            "now": "",
+            "base": "_baseline",
+            FLOOR: "_floor",
+            PER_TOKEN: "_per_token",
+            KAFKA: "_kafka",
+            KAFKA_LINGER: "_kafka_linger",
+        }[n]
         # CPU on shared cores keeps the keys earlier runs wrote; the gateway on its own core ends in _own_core
         for place in (SHARED, OWN_CORE):
             where = "_own_core" if place.own else ""
@@ -683,12 +747,15 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer samples (about a minute)")
     parser.add_argument("--baseline", default=DEFAULT_BASELINE, help="git revision to compare with, or none")
     parser.add_argument("--turns", type=int, default=40, help="calls of the long session (bytes)")
+    parser.add_argument(
+        "--no-kafka", action="store_true", help="skip the two columns that record to a real broker (no JVM start)"
+    )
     parser.add_argument("--serve-gateway", nargs=3, metavar=("ENGINE_URL", "PORT", "RECORDS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_gateway:
         serve_gateway(args.serve_gateway[0], int(args.serve_gateway[1]), args.serve_gateway[2])
         return
-    figures = asyncio.run(main_async(args.quick, args.baseline, args.turns))
+    figures = asyncio.run(main_async(args.quick, args.baseline, args.turns, not args.no_kafka))
     write("gateway", figures)
 
 

@@ -6,11 +6,15 @@ import json
 
 import httpx
 import openai
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 import gateway
+from eventbus import KafkaSettings
+from eventbus.producer import producer_config
 from gateway import GatewaySettings, create_app
+from gateway.app import record_producer_config
 from gateway.canonical import ReasoningDelta, TextDelta, ToolCallDelta
 from gateway.output_parser import OutputParser
 from gateway.upstream import HashRing
@@ -114,3 +118,14 @@ def test_exported_members() -> None:
     assert sorted(gateway.__all__) == ["GatewaySettings", "SessionCredentials", "SessionRegistry", "create_app"]
     for name in gateway.__all__:
         assert getattr(gateway, name) is not None
+
+
+def test_record_producer_does_not_linger(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every call ends once its record is acked: the gateway's producer sends at once unless told to wait."""
+    assert producer_config(KafkaSettings())["linger.ms"] > 0  # the eventbus default the gateway overrides
+    assert producer_config(KafkaSettings(), **record_producer_config(GatewaySettings()))["linger.ms"] == 0
+    monkeypatch.setenv("FLOE_GATEWAY_RECORD_LINGER_MS", "5")
+    assert producer_config(KafkaSettings(), **record_producer_config(GatewaySettings()))["linger.ms"] == 5
+    monkeypatch.setenv("FLOE_GATEWAY_RECORD_LINGER_MS", "-1")
+    with pytest.raises(ValueError, match="record_linger_ms"):
+        GatewaySettings()

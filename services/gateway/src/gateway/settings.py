@@ -61,6 +61,13 @@ class GatewaySettings(BaseSettings):
     record_request_max_bytes: int = 256 * 1024
     max_pending_records: int = Field(default=1000, ge=1, description="above this, new calls get 503 (backpressure)")
     record_timeout_s: float = 30.0
+    record_linger_ms: float = Field(
+        default=0.0,
+        ge=0,
+        description="how long the Kafka producer holds a record to batch it with others (librdkafka linger.ms): every "
+        "call's end waits for its record, so this is added to each call; records produced while a request to the "
+        "broker is in flight are batched anyway",
+    )
     retry_after_s: float = 5.0
     pause_timeout_s: float = 300.0
 
