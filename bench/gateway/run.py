@@ -15,8 +15,8 @@ gateway of this tree and the gateway of ``--baseline`` (a git revision, checked 
    same core). On one core both rows are the shared one. 2-4 run on shared cores (with two cores, pinning would
    make the client and the engine share one and time the scheduler, not the gateway);
 4. calls/s at 1 / 16 / 64 concurrent sessions, direct vs each gateway; and gateway CPU per call over one long
-   exact-mode agent session (``--turns`` calls, tools, a growing history) on each gateway but the floor: what grows
-   with a session's length (prompt ids, the history the exact planner and the delta encoders read);
+   exact-mode agent session (``--turns`` calls, tools, a growing history) on each file-sink gateway but the floor:
+   what grows with a session's length (prompt ids, the history the exact planner and the delta encoders read);
 5. Kafka bytes of one long exact-mode session (``--turns``, 40 by default) three ways, from the same records:
    naive (every call with its whole prompt ids and whole request, JSON lists), v1 (prompt delta encoding, whole
    request, JSON lists: what ``ModelCallRecorded`` v1 wrote) and this tree's records as written; and how bytes per
@@ -40,8 +40,8 @@ records to a real broker (``eventbus.broker.LocalBroker``, beside the engine, of
 each ack: *this tree, Kafka*, with the gateway's own producer settings, and *Kafka, linger 5 ms*, the same with
 eventbus's default linger, which the gateway used before ``record_linger_ms``. What they add over the file sink is the
 producer's CPU (librdkafka's threads, the poll thread, the loop's wake-up per ack) and the broker's round trip, which
-every call waits for before its end. Engine, gateways and this client are separate processes on one machine, so they compete for cores:
-compare columns of one run, not runs. Figures go to ``.floe/bench/gateway.json``.
+every call waits for before its end. Engine, gateways and this client are separate processes on one machine, so they
+compete for cores: compare columns of one run, not runs. Figures go to ``.floe/bench/gateway.json``.
 
     .venv/bin/python bench/gateway/run.py [--quick] [--baseline REV|none] [--turns N] [--no-kafka]
 """
