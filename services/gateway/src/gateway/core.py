@@ -125,6 +125,7 @@ def _clean(req: CanonicalRequest, patterns: list[re.Pattern[str]], changes: list
     if not patterns:
         return req
     msgs: list[Message] = []
+    changed = False
     for m in req.messages:
         content = m.content
         if m.role == "system":
@@ -132,9 +133,15 @@ def _clean(req: CanonicalRequest, patterns: list[re.Pattern[str]], changes: list
                 content, n = p.subn("", content)
                 if n:
                     changes.append(f"removed_volatile:{p.pattern[:40]}")
-        msgs.append(replace(m, content=content) if content != m.content else m)
-    msgs = [m for m in msgs if not (m.role == "system" and not m.content.strip())]
-    return replace(req, messages=msgs)
+            if not content.strip():
+                changed = True  # a system message left empty is dropped
+                continue
+        if content != m.content:
+            changed = True
+            m = replace(m, content=content)
+        msgs.append(m)
+    # Most requests carry nothing volatile: then the request itself, not a copy (a dataclass copy on every call).
+    return replace(req, messages=msgs) if changed else req
 
 
 def _effective_sampling(

@@ -39,6 +39,7 @@ _PAUSE_ABOVE = 1 << 20  # buffered body bytes above which the socket stops being
 
 
 _Key = tuple[str, str, int]  # scheme, host, port
+_MAX_TARGETS = 1024  # parsed URLs kept (EngineHTTP._targets)
 
 
 class HTTPError(Exception):
@@ -251,6 +252,15 @@ class Response:
             self._client._replace(self._key)
 
 
+def _target(url: str) -> tuple[_Key, str, str]:
+    """``url``'s connection key (scheme, host, port), request target (path and query) and host header."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConnectFailed(f"engine URL {url!r} is not http(s)://host[:port]")
+    key = (parts.scheme, parts.hostname, parts.port or (443 if parts.scheme == "https" else 80))
+    return key, (parts.path or "/") + (f"?{parts.query}" if parts.query else ""), parts.netloc
+
+
 class EngineHTTP:
     """Requests to the engine replicas over pooled keep-alive connections."""
 
@@ -270,16 +280,20 @@ class EngineHTTP:
         self._refills: dict[_Key, asyncio.Task[None]] = {}
         self._closed = False
         self._tls: ssl.SSLContext | None = None
+        # A URL's connection key, request target and host header, parsed once: the gateway asks a handful of URLs
+        # (each replica's few paths) on every call.
+        self._targets: dict[str, tuple[_Key, str, str]] = {}
 
     async def request(
         self, method: str, url: str, body: bytes | None = None, *, content_type: str = "application/json"
     ) -> Response:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ConnectFailed(f"engine URL {url!r} is not http(s)://host[:port]")
-        key = (parts.scheme, parts.hostname, parts.port or (443 if parts.scheme == "https" else 80))
-        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        head = f"{method} {target} HTTP/1.1\r\nhost: {parts.netloc}\r\naccept: */*\r\n"
+        where = self._targets.get(url)
+        if where is None:
+            if len(self._targets) >= _MAX_TARGETS:  # not expected (the URLs are a few fixed paths), but bounded
+                self._targets.clear()
+            where = self._targets[url] = _target(url)
+        key, target, netloc = where
+        head = f"{method} {target} HTTP/1.1\r\nhost: {netloc}\r\naccept: */*\r\n"
         if body is not None:
             head += f"content-type: {content_type}\r\ncontent-length: {len(body)}\r\n"
         request = head.encode("latin-1") + b"\r\n" + (body or b"")
