@@ -80,6 +80,15 @@ PER_TOKEN = "token"  # the name of this tree's gateway with one SSE event per to
 KAFKA = "kafka"  # this tree's gateway producing its records to a real broker, as deployed
 KAFKA_LINGER = "kafka-linger"  # the same with eventbus's producer linger (the gateway's before record_linger_ms)
 KAFKA_SINK = "kafka:"  # a RECORDS argument ``kafka:<bootstrap>``: produce to that broker instead of a file
+# Each column's suffix on the keys of .floe/bench/gateway.json (this tree's own keys have none)
+TAGS = {
+    "now": "",
+    "base": "_baseline",
+    FLOOR: "_floor",
+    PER_TOKEN: "_per_token",
+    KAFKA: "_kafka",
+    KAFKA_LINGER: "_kafka_linger",
+}
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_BASELINE = "9946ec0"  # main before the engine-hop client, the non-streamed upstream and the front door
 SRC_DIRS = [
@@ -698,14 +707,7 @@ def report(
     )
     figures: dict[str, Any] = {"turns": turns}
     for n in order:
-        tag = {
-            "now": "",
-            "base": "_baseline",
-            FLOOR: "_floor",
-            PER_TOKEN: "_per_token",
-            KAFKA: "_kafka",
-            KAFKA_LINGER: "_kafka_linger",
-        }[n]
+        tag = TAGS[n]
         # CPU on shared cores keeps the keys earlier runs wrote; the gateway on its own core ends in _own_core
         for place in (SHARED, OWN_CORE):
             where = "_own_core" if place.own else ""
