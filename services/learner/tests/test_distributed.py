@@ -64,3 +64,33 @@ def test_two_process_gloo_run_matches_one_process(tiny_model_dir, tmp_path, stra
     for k in a:
         assert not torch.equal(a[k], base[k]), f"{k} did not move"
         torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-6, msg=k)
+
+
+# A DDP model in a reference cycle (as the learner is), dropped, then shutdown(): the gloo group's threads must be
+# gone before the interpreter exits, or finalization tears them down and a rank can abort at exit.
+_SHUTDOWN_SCRIPT = """
+import glob, os, sys, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from learner.distributed import shutdown
+
+def threads():
+    return [open(f).read().strip() for f in glob.glob(f"/proc/{os.getpid()}/task/*/comm")]
+
+store = dist.FileStore(sys.argv[1], 1)
+dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+holder = {"model": DistributedDataParallel(torch.nn.Linear(2, 2))}
+holder["self"] = holder
+holder["model"](torch.ones(1, 2)).sum().backward()
+assert any(t.startswith("pt_gloo") for t in threads()), threads()
+del holder
+shutdown()
+print(sorted(t for t in threads() if "gloo" in t))
+"""
+
+
+def test_shutdown_frees_the_process_group_before_exit(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-c", _SHUTDOWN_SCRIPT, str(tmp_path / "store")], env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.stdout.strip() == "[]", proc.stdout

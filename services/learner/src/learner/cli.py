@@ -75,14 +75,13 @@ def main(argv: list[str] | None = None) -> int:
                 if info.is_main:
                     print(json.dumps({"batch_id": result.batch_id, "version": result.version, **result.metrics}))
         finally:
-            shutdown(info)
+            shutdown()
         return 0
     return asyncio.run(_serve(LearnerSettings()))  # type: ignore[call-arg]
 
 
 async def _serve(settings: LearnerSettings) -> int:
-    import torch.distributed as dist
-
+    from learner.distributed import shutdown
     from learner.train import serve
 
     stop = asyncio.Event()
@@ -92,6 +91,5 @@ async def _serve(settings: LearnerSettings) -> int:
     try:
         await serve(settings, stop)
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        shutdown()
     return 0
