@@ -25,6 +25,7 @@ Errors are ``ConnectFailed`` (the engine did not accept a connection: fail over 
 from __future__ import annotations
 
 import asyncio
+import functools
 import ssl
 import time
 from collections.abc import AsyncGenerator
@@ -39,7 +40,6 @@ _PAUSE_ABOVE = 1 << 20  # buffered body bytes above which the socket stops being
 
 
 _Key = tuple[str, str, int]  # scheme, host, port
-_MAX_TARGETS = 1024  # parsed URLs kept (EngineHTTP._targets)
 
 
 class HTTPError(Exception):
@@ -252,6 +252,8 @@ class Response:
             self._client._replace(self._key)
 
 
+# Cached: the gateway asks a handful of URLs (each replica's few paths) on every call. A bad URL raises and is not kept.
+@functools.lru_cache(maxsize=1024)
 def _target(url: str) -> tuple[_Key, str, str]:
     """``url``'s connection key (scheme, host, port), request target (path and query) and host header."""
     parts = urlsplit(url)
@@ -280,19 +282,11 @@ class EngineHTTP:
         self._refills: dict[_Key, asyncio.Task[None]] = {}
         self._closed = False
         self._tls: ssl.SSLContext | None = None
-        # A URL's connection key, request target and host header, parsed once: the gateway asks a handful of URLs
-        # (each replica's few paths) on every call.
-        self._targets: dict[str, tuple[_Key, str, str]] = {}
 
     async def request(
         self, method: str, url: str, body: bytes | None = None, *, content_type: str = "application/json"
     ) -> Response:
-        where = self._targets.get(url)
-        if where is None:
-            if len(self._targets) >= _MAX_TARGETS:  # not expected (the URLs are a few fixed paths), but bounded
-                self._targets.clear()
-            where = self._targets[url] = _target(url)
-        key, target, netloc = where
+        key, target, netloc = _target(url)
         head = f"{method} {target} HTTP/1.1\r\nhost: {netloc}\r\naccept: */*\r\n"
         if body is not None:
             head += f"content-type: {content_type}\r\ncontent-length: {len(body)}\r\n"
