@@ -175,3 +175,23 @@ def test_a_longer_shared_prefix_wins_over_a_later_call_and_ties_go_to_the_latest
     assert encode_prompt(prompt, [(5, [1, 2, 9]), (0, [1, 2, 3, 4])]).prefix_call_index == 0
     assert encode_prompt(prompt, [(2, [1, 2, 3]), (4, [1, 2, 3, 7, 7]), (3, [1, 2, 3])]).prefix_call_index == 4
     assert encode_prompt(prompt, [(2, [9]), (4, [8])]).prefix_call_index is None
+
+
+class _Unreadable(Sequence[int]):
+    """A base that fails the test if it is compared."""
+
+    def __init__(self, n: int) -> None:
+        self._n = n
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i: object) -> int:  # type: ignore[override]
+        raise AssertionError("an earlier base was compared after the whole prompt had been found")
+
+
+def test_once_the_whole_prompt_is_shared_no_other_base_is_read() -> None:
+    # A retried or repeated call: its prompt is all in the latest call's sequence, so older (even longer) bases
+    # cannot share more, and comparing each of them cost the gateway a pass over the prompt per base.
+    prompt = [1, 2, 3]
+    assert encode_prompt(prompt, [(0, _Unreadable(10)), (1, [1, 2, 3, 4])]) == PromptDelta(1, 3, ())

@@ -57,6 +57,8 @@ def encode_prompt(prompt: Sequence[int], bases: Iterable[tuple[int, Sequence[int
         n = _common_prefix_len(sequence, prompt)
         if n > best_len:
             best_index, best_len = call_index, n
+            if n == len(prompt):  # the whole prompt: no other base can share more
+                break
     return PromptDelta(best_index, best_len, tuple(prompt[best_len:]))
 
 
