@@ -26,6 +26,7 @@ from contracts import (
     trajectory_table,
 )
 from eventbus import Consumer, KafkaSettings, MessageTooLarge, Producer, SerializationFailed
+from eventbus.metrics import new_registry
 from eventbus.replay import replay
 
 pytestmark = pytest.mark.integration
@@ -96,6 +97,24 @@ def _big_table(rows: int, tokens: int) -> pa.Table:
             )
         )
     return trajectory_table(data)
+
+
+async def test_each_acked_send_is_counted_under_its_topic(
+    kafka_settings: KafkaSettings, topic_factory: TopicFactory, golden_events: dict[str, Event]
+) -> None:
+    reg = new_registry()
+    # Two topics through one producer: each count lands under its own topic (the children are looked up once each).
+    sent: list[tuple[Topic[Any], Topic[Any], int]] = [
+        (topic_factory(MODEL_CALLS, partitions=1), MODEL_CALLS, 3),
+        (topic_factory(REWARDS, partitions=1), REWARDS, 1),
+    ]
+    async with Producer(kafka_settings, registry=reg) as producer:
+        for topic, registered, n in sent:
+            for _ in range(n):
+                await producer.send(topic, golden_events[registered.name])
+    for topic, _, n in sent:
+        assert reg.get_sample_value("floe_eventbus_produced_total", {"topic": topic.name}) == n
+        assert reg.get_sample_value("floe_eventbus_produce_seconds_count", {"topic": topic.name}) == n
 
 
 async def test_multi_megabyte_arrow_batch_travels_inline(

@@ -25,7 +25,7 @@ from typing import Any
 
 import confluent_kafka
 import structlog
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from contracts import Event, Topic, encode
 from contracts.errors import ContractError
@@ -106,6 +106,7 @@ class Producer:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._fatal: EventBusError | None = None
+        self._per_topic: dict[str, tuple[Counter, Histogram]] = {}
 
     # ------------------------------------------------------------------------------------------- lifecycle
 
@@ -185,9 +186,19 @@ class Producer:
 
         await self._produce(producer, topic.name, value, k, hdrs, on_delivery, partition)
         delivery = await fut
-        self._metrics.produced.labels(topic.name).inc()
-        self._metrics.produce_seconds.labels(topic.name).observe(time.perf_counter() - started)
+        produced, seconds = self._topic_metrics(topic.name)
+        produced.inc()
+        seconds.observe(time.perf_counter() - started)
         return delivery
+
+    def _topic_metrics(self, topic: str) -> tuple[Counter, Histogram]:
+        # labels() validates, takes a lock and builds tuples on each call: looked up once per topic instead (the
+        # gateway sends one record per model call).
+        found = self._per_topic.get(topic)
+        if found is None:
+            m = self._metrics
+            found = self._per_topic[topic] = (m.produced.labels(topic), m.produce_seconds.labels(topic))
+        return found
 
     async def _produce(
         self,
