@@ -173,7 +173,7 @@ def test_a_request_that_cannot_be_rebuilt_is_a_typed_error() -> None:
 def test_v1_golden_record_reads_as_the_same_call() -> None:
     v1 = json.loads((GOLDEN / "v1" / "ModelCallRecorded.json").read_text())
     call = decode(ModelCallRecorded, json.dumps(v1).encode())
-    assert call.schema_version == 3 and call.request_base_call_index is None and call.group_id == ""
+    assert call.schema_version == 4 and call.request_base_call_index is None and call.group_id == ""
     for field in ("prompt_token_ids", "completion_token_ids", "completion_logprobs", "request", "prefix_len"):
         assert getattr(call, field) == v1[field], field
     # The same record through model_validate (how `floe replay` reads JSONL) and re-encoded as v2.
@@ -181,16 +181,28 @@ def test_v1_golden_record_reads_as_the_same_call() -> None:
     assert decode(ModelCallRecorded, encode(call)) == call
 
 
-def test_v2_golden_record_reads_as_a_v3_call_without_a_group() -> None:
+def test_v2_golden_record_reads_as_a_current_call_without_a_group() -> None:
     v2 = json.loads((GOLDEN / "v2" / "ModelCallRecorded.json").read_text())
     assert v2["schema_version"] == 2 and "group_id" not in v2
     call = decode(ModelCallRecorded, json.dumps(v2).encode())
-    assert call.schema_version == 3 and call.group_id == ""
+    assert call.schema_version == 4 and call.group_id == "" and call.supersedes_call_ids == []
     for field in ("prompt_token_ids", "completion_token_ids", "completion_logprobs", "request", "session_id"):
         assert getattr(call, field) == ModelCallRecorded.model_validate(v2).model_dump()[field], field
     # Without a group id the topic keys it by its session, as v2 did.
     assert MODEL_CALLS.key_of(call) == call.session_id.encode()
     assert MODEL_CALLS.key_of(call.model_copy(update={"group_id": "g-1"})) == b"g-1"
+
+
+def test_v3_golden_record_reads_as_a_current_call_that_supersedes_nothing() -> None:
+    v3 = json.loads((GOLDEN / "v3" / "ModelCallRecorded.json").read_text())
+    assert v3["schema_version"] == 3 and "supersedes_call_ids" not in v3
+    call = decode(ModelCallRecorded, json.dumps(v3).encode())
+    assert call.schema_version == 4 and call.supersedes_call_ids == [] and call.group_id == v3["group_id"]
+    current = json.loads((GOLDEN / "ModelCallRecorded.json").read_text())
+    # Today's golden record is the v3 one plus the new field: every other field reads the same.
+    assert call == decode(ModelCallRecorded, json.dumps(current).encode()).model_copy(
+        update={"supersedes_call_ids": []}
+    )
 
 
 def test_v1_session_recorded_by_the_v1_gateway_decodes_as_it_did() -> None:

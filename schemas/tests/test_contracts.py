@@ -90,6 +90,8 @@ def test_model_call_invariants() -> None:
         ModelCallRecorded.model_validate(_call(prompt_len=99))
     with pytest.raises(ValueError, match="earlier call"):
         ModelCallRecorded.model_validate(_call(prefix_call_index=1))
+    with pytest.raises(ValueError, match="supersede itself"):
+        ModelCallRecorded.model_validate(_call(supersedes_call_ids=["c-0", _call()["call_id"]]))
 
 
 def test_state_transitions_follow_the_table() -> None:

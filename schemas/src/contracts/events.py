@@ -279,17 +279,24 @@ class ModelCallRecorded(Event):
     ``request_same``); with ``request_base_call_index=None`` it is the whole request. Encoder and decoder:
     ``contracts.request_delta``. Token ids and logprobs are compact strings on the wire (``contracts.arrays``).
 
-    Versions: 3 adds ``group_id`` (the topic's key: a group's calls reach the rollout shard that owns the group); 2
-    (delta-encoded requests, compact arrays) and 1 (whole requests, JSON lists) are still read as v3 records with no
-    group id (the rollout attaches the group from the session's other events) and, for v1, no request base.
+    Retried calls: a call whose record the producer did not acknowledge (it failed, timed out, or the client left
+    while it was sent) is not part of the session, and the harness usually asks again; the next call gets the same
+    ``call_index``. The unacknowledged record may still land in Kafka (a broker that stalls, then stores what it had
+    been sent), so the next recorded call lists those attempts in ``supersedes_call_ids`` and the consumer keeps it in
+    their place (``rollout.calls.merge_call``); two records of one index that do not name each other are a conflict.
+
+    Versions: 4 adds ``supersedes_call_ids``; 3 adds ``group_id`` (the topic's key: a group's calls reach the rollout
+    shard that owns the group); 3, 2 (delta-encoded requests, compact arrays) and 1 (whole requests, JSON lists) are
+    still read, as v4 records that supersede nothing, with no group id before v3 (the rollout attaches the group from
+    the session's other events) and, for v1, no request base.
 
     Invariant: ``len(completion_logprobs) == len(completion_token_ids)``; each logprob is the sampling logprob of
     that token under the weights of ``weight_version``.
     """
 
-    SCHEMA_VERSION: ClassVar[int] = 3
-    READS: ClassVar[frozenset[int]] = frozenset({1, 2, 3})
-    schema_version: int = 3
+    SCHEMA_VERSION: ClassVar[int] = 4
+    READS: ClassVar[frozenset[int]] = frozenset({1, 2, 3, 4})
+    schema_version: int = 4
 
     session_id: str
     group_id: str = Field(default="", description="the session's GRPO group (empty in records before v3)")
@@ -326,14 +333,19 @@ class ModelCallRecorded(Event):
     gateway_changes: list[str] = Field(default_factory=list, description="what the gateway changed, e.g. overrides")
     timings: CallTimings = CallTimings()
     started_at: int = Field(default_factory=now_ms)
+    supersedes_call_ids: list[str] = Field(
+        default_factory=list,
+        description="earlier attempts at this call_index whose record was not acknowledged: if one of them lands, "
+        "this record replaces it (empty in records before v4)",
+    )
 
     @model_validator(mode="before")
     @classmethod
     def _upgrade(cls, data: Any) -> Any:
-        # v1 -> v2 -> v3: every older field means the same, a v1 request is whole (no base), and a record before v3
-        # names no group.
-        if isinstance(data, dict) and data.get("schema_version") in (1, 2):
-            data = {**data, "schema_version": 3}
+        # v1 -> v2 -> v3 -> v4: every older field means the same, a v1 request is whole (no base), a record before v3
+        # names no group, and one before v4 supersedes nothing.
+        if isinstance(data, dict) and data.get("schema_version") in (1, 2, 3):
+            data = {**data, "schema_version": 4}
         return data
 
     @model_validator(mode="after")
@@ -351,6 +363,8 @@ class ModelCallRecorded(Event):
                 raise ValueError("request_messages_prefix or request_same without request_base_call_index")
         elif self.request_base_call_index >= self.call_index:
             raise ValueError("request_base_call_index must name an earlier call")
+        if self.call_id in self.supersedes_call_ids:
+            raise ValueError("a call cannot supersede itself")
         return self
 
 

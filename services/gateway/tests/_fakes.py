@@ -232,12 +232,18 @@ class FakeEngine:
 
 
 class MemorySink:
+    """Records in memory. ``fail``: every send raises; ``stored`` then says whether the broker kept the record all
+    the same (it stalled past the gateway's deadline, then stored what it had been sent)."""
+
     def __init__(self, *, fail: bool = False) -> None:
         self.events: list[Any] = []
         self.fail = fail
+        self.stored = False
 
     async def send(self, topic: Any, event: Any) -> None:
         if self.fail:
+            if self.stored:
+                self.events.append(event)
             raise ConnectionError("broker unreachable (fake)")
         self.events.append(event)
 

@@ -180,6 +180,22 @@ def test_record_failure_means_503_not_an_unrecorded_answer(gw) -> None:
     assert "floe_gateway_record_failures_total 3.0" in httpx.get(gw.url + "/metrics").text
 
 
+def test_a_call_asked_again_after_its_record_failed_supersedes_the_attempts_that_may_have_landed(gw) -> None:
+    tok = gw.session()["token"]
+    h = {"authorization": f"Bearer {tok}"}
+    gw.sink.fail = gw.sink.stored = True  # the broker stores the records but the acks never come in time
+    for _ in range(2):
+        assert httpx.post(gw.url + "/v1/chat/completions", json=CHAT, headers=h).status_code == 503
+    gw.sink.fail = False
+    for _ in range(2):
+        assert httpx.post(gw.url + "/v1/chat/completions", json=CHAT, headers=h).status_code == 200
+    stale_a, stale_b, asked_again, next_call = gw.sink.events
+    assert stale_a.call_index == stale_b.call_index == asked_again.call_index == 0 and next_call.call_index == 1
+    assert stale_a.supersedes_call_ids == [] and stale_b.supersedes_call_ids == [stale_a.call_id]
+    assert asked_again.supersedes_call_ids == [stale_a.call_id, stale_b.call_id]
+    assert next_call.supersedes_call_ids == []  # acked: nothing left to supersede
+
+
 def test_client_leaving_mid_stream_is_not_recorded(gw) -> None:
     tok = gw.session()["token"]
     body = {**CHAT, "stream": True, "messages": [{"role": "user", "content": "SLOW"}]}

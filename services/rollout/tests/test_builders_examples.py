@@ -6,7 +6,7 @@ import pytest
 
 from contracts import ModelCallRecorded, Protocol, TokenizationMode
 from rollout.builders import build_trajectories
-from rollout.calls import ReconstructionError, decode_calls
+from rollout.calls import ReconstructionError, decode_calls, merge_call
 
 EOT = 2
 
@@ -100,3 +100,20 @@ def test_delta_encoded_prompts_are_decoded_and_checked() -> None:
     assert decode_calls([calls[0], calls[0]]) == decode_calls([calls[0]])  # redelivery collapses
     with pytest.raises(KeyError, match="unknown builder"):
         build_trajectories(calls, "nope")
+
+
+def test_a_call_replaces_the_attempts_it_supersedes_in_any_order() -> None:
+    first, second = call(0, [10, 11], [50, EOT]), call(1, [60], [51], prefix=(0, 4))
+    # Two attempts at call 0 whose records were not acknowledged but landed, then the one the harness got.
+    a = call(0, [10, 11], [90, EOT]).model_copy(update={"call_id": "a"})
+    b = call(0, [10, 11], [91, EOT]).model_copy(update={"call_id": "b", "supersedes_call_ids": ["a"]})
+    kept = first.model_copy(update={"supersedes_call_ids": ["a", "b"]})
+    expected = decode_calls([first, second])
+    for order in ([a, b, kept, second], [kept, b, a, second], [b, a, kept, second], [second, a, kept, b, a]):
+        decoded = decode_calls(order)
+        assert [d.sequence for d in decoded] == [d.sequence for d in expected]
+        assert decoded[0].call_id == "c0"
+    by_index: dict[int, ModelCallRecorded] = {0: first}
+    with pytest.raises(ReconstructionError, match="different call_id"):
+        merge_call(by_index, a)  # supersedes nothing and is not superseded: a conflict, and nothing changes
+    assert by_index == {0: first}

@@ -184,3 +184,47 @@ def test_the_export_gets_each_traces_full_request_from_delta_encoded_records() -
         last_index = max(i for sid, i in fulls if sid == s.session_id)
         assert last_index >= 1
         assert [json.loads(x["request_json"]) for x in s.extras][-1] == fulls[(s.session_id, last_index)]
+
+
+def _with_a_stale_attempt(events: list[Event], supersede: bool) -> list[Event]:
+    """``events`` with an attempt at the first session's first call that the gateway could not record durably but
+    that landed anyway (a different call id, a different answer), just before the call the harness asked again; the
+    call names it in ``supersedes_call_ids`` when ``supersede``."""
+    out: list[Event] = []
+    for event in events:
+        if isinstance(event, ModelCallRecorded) and event.session_id.endswith("s0") and event.call_index == 0:
+            n = len(event.completion_token_ids)
+            stale = event.model_copy(
+                update={"call_id": "stale", "completion_token_ids": [7] * n, "completion_logprobs": [-9.0] * n}
+            )
+            out.append(stale)
+            if supersede:
+                event = event.model_copy(update={"supersedes_call_ids": ["stale"]})
+        out.append(event)
+    return out
+
+
+@settings(max_examples=10, deadline=None)
+@given(shuffle_seed=st.integers(0, 10_000))
+def test_an_attempt_that_landed_after_its_record_failed_is_replaced_by_the_call_that_supersedes_it(
+    shuffle_seed: int,
+) -> None:
+    events = simulate_group("g6", [SessionPlan(turns=3, reward=float(i % 2)) for i in range(2)], random.Random(6))
+    clean, retried = GroupAssembler(), GroupAssembler()
+    _feed(clean, events)
+    with_stale = _with_a_stale_attempt(events, supersede=True)
+    random.Random(shuffle_seed).shuffle(with_stale)  # in any order, the superseding call wins
+    _feed(retried, with_stale)
+    assert clean.ready_groups() == retried.ready_groups() == ["g6"]
+    assert clean.take("g6").rows == retried.take("g6").rows
+
+
+def test_two_records_of_one_call_that_do_not_supersede_each_other_mask_the_session() -> None:
+    # Before: the first record of an index was kept and the other dropped unseen, so a session could train on an
+    # answer its harness never got.
+    a = GroupAssembler()
+    _feed(a, _with_a_stale_attempt(simulate_group("g7", [SessionPlan(), SessionPlan()], random.Random(7)), False))
+    s0 = a.take(a.ready_groups()[0]).sessions[0]
+    assert not s0.trainable
+    assert all(not any(row.loss_mask) for row in s0.rows)
+    assert "recorded twice with different call_id ('" in (s0.rows[0].masked_reason or "")

@@ -65,6 +65,7 @@ log = structlog.get_logger()
 
 
 _MEMORY_AGENT = "You are now acting as the managed memory extraction subagent"
+_MAX_SUPERSEDED = 64  # unacknowledged attempts at one call a record names (supersedes_call_ids)
 
 
 class Admission:
@@ -425,8 +426,17 @@ class Turn:
                     }
                 ),
                 started_at=self._started_at,
+                supersedes_call_ids=list(session.unacked_call_ids),
             )
-            await gw.recorder.send(record)
+            try:
+                await gw.recorder.send(record)
+            except BaseException:  # a timeout, a failure or the client leaving: the record may land all the same
+                session.unacked_call_ids.append(self.call_id)
+                # Bounded for a harness that retries through a long outage; an older attempt that lands after all is
+                # then a conflict, which masks the session (never trains on an answer the harness did not get).
+                del session.unacked_call_ids[:-_MAX_SUPERSEDED]
+                raise
+            session.unacked_call_ids.clear()
             session.next_call_index += 1
             session.calls_ok += 1
             session.chain.append(

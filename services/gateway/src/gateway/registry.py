@@ -96,6 +96,9 @@ class Session:
     last_error: str | None = None  # the last refused call's gateway error, "<kind>: <message>"
     unrecorded: dict[str, int] = field(default_factory=dict)  # why calls ended without a record -> how many
     chain: list[ChainEntry] = field(default_factory=list)
+    # Calls of index next_call_index whose record went to the producer without an ack (it failed, timed out, or the
+    # client left): they may still land, so the next recorded call supersedes them (ModelCallRecorded v4).
+    unacked_call_ids: list[str] = field(default_factory=list)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 

@@ -4,8 +4,10 @@ The gateway delta-encodes prompts (``contracts.prompt_delta``, which holds both 
 Builders need full prompts, so this module collects a session's records and undoes that encoding once, in call order.
 
 Invariants checked here (a violation raises ``ReconstructionError``, never a silent fix):
-- calls of one session only; redelivered records (same ``call_index`` and ``call_id``) are collapsed, two different
-  records with one ``call_index`` are a conflict;
+- calls of one session only; redelivered records (same ``call_index`` and ``call_id``) are collapsed; of two
+  different records with one ``call_index``, the one that names the other in ``supersedes_call_ids`` is kept (the
+  other is an attempt the gateway could not record durably and the harness asked again, whatever their order on the
+  topic); any other pair is a conflict (``merge_call``);
 - every prompt decodes: its referenced prefix call exists and is long enough, and the decoded length equals
   ``prompt_len`` (``contracts.PromptDeltaError``, re-raised as ``ReconstructionError`` with the same message).
 ``full_requests`` undoes the request delta encoding (``contracts.request_delta``) the same way; only the dataset
@@ -30,7 +32,7 @@ from contracts import (
     decode_requests,
 )
 
-__all__ = ["DecodedCall", "ReconstructionError", "decode_calls", "full_requests"]
+__all__ = ["DecodedCall", "ReconstructionError", "decode_calls", "full_requests", "merge_call"]
 
 
 class ReconstructionError(ValueError):
@@ -55,20 +57,25 @@ class DecodedCall:
         return self.prompt + self.completion
 
 
+def merge_call(by_index: dict[int, ModelCallRecorded], call: ModelCallRecorded) -> None:
+    """Add ``call`` to one session's calls by ``call_index`` (the rules in the module docstring); raise
+    ``ReconstructionError`` for a conflict, leaving ``by_index`` as it was."""
+    seen = by_index.get(call.call_index)
+    if seen is None or seen.call_id in call.supersedes_call_ids:
+        by_index[call.call_index] = call
+    elif seen.call_id != call.call_id and call.call_id not in seen.supersedes_call_ids:
+        raise ReconstructionError(
+            f"call_index {call.call_index} recorded twice with different call_id ({seen.call_id!r}, {call.call_id!r})"
+        )
+
+
 def decode_calls(calls: Iterable[ModelCallRecorded]) -> list[DecodedCall]:
     """Return the session's calls in ``call_index`` order with full prompts; raise ``ReconstructionError``."""
     by_index: dict[int, ModelCallRecorded] = {}
     session_ids: set[str] = set()
     for call in calls:
         session_ids.add(call.session_id)
-        seen = by_index.get(call.call_index)
-        if seen is None:
-            by_index[call.call_index] = call
-        elif seen.call_id != call.call_id:
-            raise ReconstructionError(
-                f"call_index {call.call_index} recorded twice with different call_id "
-                f"({seen.call_id!r}, {call.call_id!r})"
-            )
+        merge_call(by_index, call)
     if len(session_ids) > 1:
         raise ReconstructionError(f"calls of several sessions given to one reconstruction: {sorted(session_ids)}")
     ordered = [by_index[index] for index in sorted(by_index)]

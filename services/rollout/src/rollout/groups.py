@@ -33,7 +33,7 @@ from contracts import (
 )
 from rollout.advantages import classify, needs_reward
 from rollout.builders import build_trajectories
-from rollout.calls import ReconstructionError, full_requests
+from rollout.calls import ReconstructionError, full_requests, merge_call
 from rollout.trace import ReconstructionStats, Trace
 
 __all__ = ["GroupAssembler", "GroupResult", "SessionRows", "group_size_of"]
@@ -52,6 +52,7 @@ class _Session:
     group_id: str
     request: SessionRequested | None = None
     calls: dict[int, ModelCallRecorded] = field(default_factory=dict)
+    conflict: str | None = None  # the first pair of records of one call_index that do not supersede each other
     finished: SessionFinished | None = None
     reward: RewardPublished | None = None
     expired: bool = False
@@ -157,7 +158,10 @@ class GroupAssembler:
                 # Calls may arrive before the session's other events; the group is attached when they come.
                 existing = _Session(event.session_id, "")
                 self._sessions[event.session_id] = existing
-            existing.calls.setdefault(event.call_index, event)
+            try:
+                merge_call(existing.calls, event)
+            except ReconstructionError as exc:
+                existing.conflict = existing.conflict or str(exc)
             return existing.group_id or None
         return None
 
@@ -258,6 +262,8 @@ class GroupAssembler:
             traces: list[Trace] = []
             stats = ReconstructionStats()
             try:
+                if s.conflict is not None:
+                    raise ReconstructionError(s.conflict)
                 result = build_trajectories(s.calls.values(), self.builder, self.eot_token_ids)
                 traces, stats = list(result.traces), result.stats
             except ReconstructionError as exc:
