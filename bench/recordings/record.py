@@ -42,7 +42,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import uvicorn
 from pydantic import SecretStr
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -51,6 +50,7 @@ from scripted_engine import BUGS, PARAMS, TASK_MARKER, ScriptedEngine
 
 import contracts
 from contracts import ModelCallRecorded, TokenizationMode
+from eventbus.serving import serve_in_thread
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "data"
@@ -112,22 +112,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@contextlib.contextmanager
-def serve(app: Any, port: int | None = None) -> Iterator[str]:
-    port = port or free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
+serve = serve_in_thread
 
 
 def _bin(name: str) -> str:

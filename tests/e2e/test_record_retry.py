@@ -13,20 +13,18 @@ import asyncio
 import contextlib
 import os
 import signal
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from pydantic import SecretStr
 
 from contracts import MODEL_CALLS, ModelCallRecorded, Topic
 from eventbus import Consumer, KafkaSettings, ensure_topics
 from eventbus.broker import LocalBroker, free_ports
+from eventbus.serving import serve_in_thread
 from gateway import GatewaySettings, create_app
 from rollout.calls import decode_calls
 
@@ -34,23 +32,6 @@ pytestmark = pytest.mark.integration
 
 CONTROL = "control-secret"
 RECORD_TIMEOUT_S = 2.0
-
-
-@contextlib.contextmanager
-def _serve(app: Any, port: int | None = None) -> Iterator[str]:
-    port = port or free_ports(1)[0]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "a test server did not start"
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
 
 
 @pytest.fixture
@@ -91,7 +72,7 @@ def test_a_record_stored_after_its_call_failed_is_replaced_by_the_call_asked_aga
     topic = MODEL_CALLS.with_name("floe.model-calls.record-retry")
     asyncio.run(ensure_topics(kafka, [topic]))
     engine = create_engine(InferenceSettings(model_dir=tmp_path / "model", consume_weights=False, threads=1))
-    with _serve(engine) as engine_url:
+    with serve_in_thread(engine) as engine_url:
         port = free_ports(1)[0]
         settings = GatewaySettings(
             engine_urls=[engine_url],
@@ -101,7 +82,7 @@ def test_a_record_stored_after_its_call_failed_is_replaced_by_the_call_asked_aga
             record_timeout_s=RECORD_TIMEOUT_S,
             default_max_tokens=8,
         )
-        with _serve(create_app(settings, kafka=kafka), port) as gw:
+        with serve_in_thread(create_app(settings, kafka=kafka), port) as gw:
 
             def session(sid: str) -> dict[str, str]:
                 r = httpx.post(

@@ -19,17 +19,15 @@ parallel calls, ``THINK`` -> a ``<think>`` block then text, ``LONG`` -> 400 char
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import socket
-import threading
-import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+
+from eventbus.serving import serve_in_thread
 
 IM_START, IM_END = 1, 2
 SPECIAL = {IM_START: "<|im_start|>", IM_END: "<|im_end|>"}
@@ -248,26 +246,10 @@ class MemorySink:
         self.events.append(event)
 
 
+serve = serve_in_thread  # what the gateway tests call it
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-@contextlib.contextmanager
-def serve(app: Any, port: int | None = None) -> Iterator[str]:
-    port = port or free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import socket
-import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -12,9 +10,9 @@ from typing import Any
 
 import pytest
 import torch
-import uvicorn
 
 from eventbus import KafkaSettings
+from eventbus.serving import serve_in_thread
 from inference import InferenceSettings, create_app, init_dev_model
 
 
@@ -24,22 +22,7 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-@contextmanager
-def running_app(app: Any, port: int) -> Iterator[str]:
-    """Run any ASGI app under uvicorn in a thread on ``port``; yields its base URL and shuts it down cleanly."""
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError(f"server on port {port} failed to start")
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(30)
+running_app = serve_in_thread  # any ASGI app under uvicorn in a thread; yields its base URL
 
 
 @contextmanager

@@ -20,7 +20,8 @@ supervisor would never restart it, and the failure would only show as work that 
   walks it (the gateway: ``docs/scaling.md``). Only for a service whose startup objects all live that long: a frozen
   object in a reference cycle is never freed, e.g. the engine's first model after a weight swap.
 
-In-process test servers (``uvicorn.Server`` in a thread) get the logging and the 503s but are never stopped.
+In-process servers (``serve_in_thread``: uvicorn in a thread, for tests and benches) get the logging and the 503s but
+are never stopped by a critical failure.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ import asyncio
 import contextlib
 import gc
 import socket
-from collections.abc import AsyncIterator, Callable, Coroutine
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from typing import Any
 
 import structlog
@@ -39,7 +42,7 @@ from fastapi import FastAPI
 from eventbus.errors import BrokerUnavailable
 from eventbus.settings import KafkaSettings
 
-__all__ = ["before_shutdown", "critical_failure", "critical_task", "serve"]
+__all__ = ["before_shutdown", "critical_failure", "critical_task", "serve", "serve_in_thread"]
 
 log = structlog.get_logger()
 
@@ -148,3 +151,26 @@ def serve(app: FastAPI, host: str, port: int, *, log_level: str = "warning", fre
     if unreachable:
         return 2
     return 1 if critical_failure(app) is not None else 0
+
+
+@contextlib.contextmanager
+def serve_in_thread(app: Any, port: int | None = None, *, start_timeout_s: float = 60.0) -> Iterator[str]:
+    """Serve the ASGI ``app`` with uvicorn in a daemon thread on a loopback ``port`` (a free one by default) and
+    yield its base URL; stop it on exit. For tests and benches that need a real server in their own process."""
+    if port is None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + start_timeout_s
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"the server on port {port} did not start")
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
