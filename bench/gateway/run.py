@@ -438,7 +438,14 @@ def v1_bytes(call: ModelCallRecorded, prompt: tuple[int, ...] | None, request: d
     """Bytes of ``call`` as ModelCallRecorded v1 wrote it (JSON lists, whole request; with ``prompt``: no prompt
     delta either), rendered the way pydantic's ``model_dump_json`` does (compact, UTF-8)."""
     raw = call.model_dump(mode="python")
-    for key in ("request_base_call_index", "request_messages_prefix", "request_same"):
+    # Fields v1 did not have: the request delta (v2), the group (v3), the superseded attempts (v4).
+    for key in (
+        "request_base_call_index",
+        "request_messages_prefix",
+        "request_same",
+        "group_id",
+        "supersedes_call_ids",
+    ):
         raw.pop(key)
     raw["schema_version"] = 1
     raw["protocol"] = call.protocol.value
@@ -694,16 +701,19 @@ def report(
     tn, t1, tw = sum(b.naive), sum(b.v1), sum(b.now)
     k = min(10, b.calls // 2)
     print(f"\nKafka bytes of one {b.calls}-call exact-mode session (same records, three encodings)")
-    print(f"{'':52}{'naive':>12}{'v1 (today)':>14}{'v2 (now)':>12}")
-    print(f"{'bytes, whole session':52}{tn:12d}{t1:14d}{tw:12d}")
-    print(f"{'naive / encoding':52}{1.0:12.2f}{tn / t1:14.2f}{tn / tw:12.2f}")
+    from contracts import ModelCallRecorded
+
+    now = f"v{ModelCallRecorded.SCHEMA_VERSION} (this tree)"
+    print(f"{'':52}{'naive':>12}{'v1':>14}{now:>16}")
+    print(f"{'bytes, whole session':52}{tn:12d}{t1:14d}{tw:16d}")
+    print(f"{'naive / encoding':52}{1.0:12.2f}{tn / t1:14.2f}{tn / tw:16.2f}")
     first = [statistics.mean(x[:k]) for x in (b.naive, b.v1, b.now)]
     last = [statistics.mean(x[-k:]) for x in (b.naive, b.v1, b.now)]
-    print(f"{f'bytes per call, first {k} calls':52}{first[0]:12.0f}{first[1]:14.0f}{first[2]:12.0f}")
-    print(f"{f'bytes per call, last {k} calls':52}{last[0]:12.0f}{last[1]:14.0f}{last[2]:12.0f}")
+    print(f"{f'bytes per call, first {k} calls':52}{first[0]:12.0f}{first[1]:14.0f}{first[2]:16.0f}")
+    print(f"{f'bytes per call, last {k} calls':52}{last[0]:12.0f}{last[1]:14.0f}{last[2]:16.0f}")
     print(
         f"{'growth per call (last / first)':52}{last[0] / first[0]:12.2f}{last[1] / first[1]:14.2f}"
-        f"{last[2] / first[2]:12.2f}"
+        f"{last[2] / first[2]:16.2f}"
     )
     figures: dict[str, Any] = {"turns": turns}
     for n in order:
