@@ -119,6 +119,17 @@ def test_rewards_per_step_chain_breaks_and_staleness() -> None:
     assert recent["a"]["reward"] == 1.0
 
 
+def test_a_call_asked_again_replaces_the_attempts_it_supersedes_in_either_order() -> None:
+    stale = _call("a", 0, 1).model_copy(update={"call_id": "a-0-stale"})
+    again = _call("a", 0, 1).model_copy(update={"supersedes_call_ids": ["a-0-stale"]})
+    for order in ([stale, again, _call("a", 1, 1)], [again, _call("a", 1, 1), stale]):
+        st = DashboardState()
+        for event in order:
+            st.apply(event)
+        (a,) = st.snapshot()["recent_sessions"]
+        assert [(c["index"], c["call_id"]) for c in a["calls"]] == [(0, "a-0"), (1, "a-1")]
+
+
 def test_memory_is_bounded() -> None:
     st = DashboardState(max_sessions=5)
     for i in range(50):

@@ -187,8 +187,11 @@ class DashboardState:
 
     def _on_call(self, event: ModelCallRecorded) -> None:
         s = self._session(event.session_id)
-        if any(c["call_id"] == event.call_id for c in s.calls):
-            return
+        if any(c["call_id"] == event.call_id or event.call_id in c["supersedes"] for c in s.calls):
+            return  # redelivered, or an attempt whose record landed after the call that replaced it
+        # An attempt the gateway could not record durably, listed before the call asked again arrived: the session's
+        # calls are the ones the harness got, as the rollout reads them (ModelCallRecorded.supersedes_call_ids).
+        s.calls[:] = [c for c in s.calls if c["call_id"] not in event.supersedes_call_ids]
         self._call_versions.append((event.started_at, event.weight_version))
         del self._call_versions[: -self.max_sessions * 50]
         facts = self._facts(event.session_id)
@@ -208,6 +211,7 @@ class DashboardState:
                 "weight_version": event.weight_version,
                 "ttft_ms": round(event.timings.ttft_ms, 1),
                 "total_ms": round(event.timings.total_ms, 1),
+                "supersedes": list(event.supersedes_call_ids),
             }
         )
         s.calls.sort(key=lambda c: int(c["index"]))
