@@ -228,3 +228,29 @@ def test_two_records_of_one_call_that_do_not_supersede_each_other_mask_the_sessi
     assert not s0.trainable
     assert all(not any(row.loss_mask) for row in s0.rows)
     assert "recorded twice with different call_id ('" in (s0.rows[0].masked_reason or "")
+
+
+def test_an_attempt_at_the_call_after_the_last_recorded_one_is_not_trained_on() -> None:
+    # The session's last call could not be recorded durably, the harness gave up on it (no call supersedes it) and
+    # the session ended DONE with the calls its gateway node recorded; the attempt's record landed anyway.
+    events = simulate_group("g8", [SessionPlan(turns=3, reward=1.0), SessionPlan(turns=3)], random.Random(8))
+    last = max(
+        (e for e in events if isinstance(e, ModelCallRecorded) and e.session_id == "g8-s0"), key=lambda e: e.call_index
+    )
+    n = len(last.completion_token_ids)
+    beyond = last.model_copy(
+        update={
+            "call_index": last.call_index + 1,
+            "call_id": "gave-up",
+            "prefix_call_index": last.call_index,
+            "prefix_len": last.prompt_len,
+            "prompt_token_ids": [],
+            "completion_token_ids": [7] * n,
+            "completion_logprobs": [-9.0] * n,
+        }
+    )
+    clean, landed = GroupAssembler(), GroupAssembler()
+    _feed(clean, events)
+    _feed(landed, [*events[:3], beyond, *events[3:]])
+    assert clean.ready_groups() == landed.ready_groups() == ["g8"]
+    assert clean.take("g8").rows == landed.take("g8").rows

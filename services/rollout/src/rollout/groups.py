@@ -63,7 +63,12 @@ class _Session:
             return False
         if needs_reward(f) and self.reward is None and not self.expired:
             return False
-        return len(self.calls) >= f.calls or self.expired
+        return self.recorded(f.calls) >= f.calls or self.expired
+
+    def recorded(self, expected: int) -> int:
+        """How many of the calls ``0 .. expected - 1`` are in (``SessionFinished.calls`` is what the gateway node
+        recorded: a record at or above it is an attempt it could not, see ``_build``)."""
+        return sum(1 for index in self.calls if index < expected)
 
 
 @dataclass(frozen=True)
@@ -261,15 +266,21 @@ class GroupAssembler:
             trainable, reason = outcome.trainable, outcome.masked_reason
             traces: list[Trace] = []
             stats = ReconstructionStats()
+            calls = list(s.calls.values())
+            if trainable:
+                # The gateway node that ended a trainable session counted the calls it recorded (indices 0 .. calls-1).
+                # A record at or above that is an attempt it could not record durably that landed anyway and that no
+                # later call superseded (the harness gave up on it): an answer the harness never got.
+                calls = [c for c in calls if c.call_index < f.calls]
             try:
                 if s.conflict is not None:
                     raise ReconstructionError(s.conflict)
-                result = build_trajectories(s.calls.values(), self.builder, self.eot_token_ids)
+                result = build_trajectories(calls, self.builder, self.eot_token_ids)
                 traces, stats = list(result.traces), result.stats
             except ReconstructionError as exc:
                 trainable, reason = False, f"reconstruction_error: {exc}"
-            if len(s.calls) < f.calls and reason is None:
-                trainable, reason = False, f"calls_missing: {len(s.calls)} of {f.calls}"
+            if s.recorded(f.calls) < f.calls and reason is None:
+                trainable, reason = False, f"calls_missing: {s.recorded(f.calls)} of {f.calls}"
             if not traces and reason is None:
                 trainable, reason = False, "no_model_calls"
             built.append((s, traces, stats, trainable, outcome.reward, reason, outcome.status))
