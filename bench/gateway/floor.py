@@ -11,16 +11,25 @@ token; credentials are ignored) and ``POST /v1/chat/completions``, to which it a
 for (``return_token_ids``, ``logprobs``; for a streamed call ``stream_interval``, the bench passes the gateway's
 default).
 
-    python bench/gateway/floor.py ENGINE_URL PORT [STREAM_INTERVAL]
+With ``--raw``, the same forwarding without uvicorn or ASGI: an ``asyncio.Protocol`` that parses requests with
+httptools (uvicorn's own parser) and writes each response itself, headers and body in one write. The difference
+between the two columns is what uvicorn's request cycle costs, the part of the floor a server of floe's own for the
+hot lane could remove. It is enough HTTP/1.1 for the bench's client (keep-alive, no pipelining, no limits or
+timeouts), not a server for anything else.
+
+    python bench/gateway/floor.py ENGINE_URL PORT [STREAM_INTERVAL] [--raw]
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 from typing import Any
 
+import httptools
 import uvicorn
+import uvloop
 
 from gateway.engine_http import EngineHTTP
 
@@ -52,14 +61,8 @@ def app_for(engine_url: str, stream_interval: int = 1) -> Any:
             return
         if http is None:
             http = EngineHTTP(timeout_s=60, connect_timeout_s=5)
-        body = json.loads(b"".join(parts))
-        body.update(return_token_ids=True, logprobs=True, top_logprobs=0)
-        stream = bool(body.get("stream"))
-        if stream:
-            body["stream_options"] = {"include_usage": True}
-            if stream_interval > 1:
-                body["stream_interval"] = stream_interval
-        r = await http.request("POST", engine_url + path, json.dumps(body).encode())
+        body, stream = engine_body(b"".join(parts), stream_interval)
+        r = await http.request("POST", engine_url + path, body)
         if not stream:
             await _whole(send, r.status, await r.read())
             return
@@ -74,6 +77,80 @@ def app_for(engine_url: str, stream_interval: int = 1) -> Any:
     return app
 
 
+def engine_body(raw: bytes, stream_interval: int) -> tuple[bytes, bool]:
+    """The client's chat request with what the gateway asks the engine for, and whether it streams."""
+    body = json.loads(raw)
+    body.update(return_token_ids=True, logprobs=True, top_logprobs=0)
+    stream = bool(body.get("stream"))
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+        if stream_interval > 1:
+            body["stream_interval"] = stream_interval
+    return json.dumps(body).encode(), stream
+
+
+class RawFloor(asyncio.Protocol):
+    """The floor without uvicorn: one connection, its requests parsed by httptools, each answered by a task."""
+
+    def __init__(self, engine_url: str, stream_interval: int, http: EngineHTTP) -> None:
+        self._engine_url, self._stream_interval, self._http = engine_url, stream_interval, http
+        self._parser = httptools.HttpRequestParser(self)
+        self._url, self._body = b"", bytearray()
+        self._transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]  # uvloop's transports do not subclass asyncio's
+
+    def data_received(self, data: bytes) -> None:
+        self._parser.feed_data(data)
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+
+    def on_body(self, body: bytes) -> None:
+        self._body += body
+
+    def on_message_complete(self) -> None:
+        path, body = self._url.partition(b"?")[0], bytes(self._body)
+        self._url, self._body = b"", bytearray()
+        asyncio.get_running_loop().create_task(self._answer(path, body))
+
+    def _write(self, data: bytes) -> None:
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.write(data)
+
+    def _whole(self, status: int, content: bytes) -> None:
+        head = b"HTTP/1.1 %d \r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % (status, len(content))
+        self._write(head + content)
+
+    async def _answer(self, path: bytes, raw: bytes) -> None:
+        if path == b"/healthz":
+            return self._whole(200, b'{"ok":true}')
+        if path == b"/admin/sessions":
+            return self._whole(200, b'{"token":"floor"}')
+        if path != b"/v1/chat/completions":
+            return self._whole(404, b'{"error":"not found"}')
+        body, stream = engine_body(raw, self._stream_interval)
+        r = await self._http.request("POST", self._engine_url + path.decode(), body)
+        if not stream:
+            return self._whole(r.status, await r.read())
+        head = b"HTTP/1.1 %d \r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n" % r.status
+        async for line in r.lines():
+            if line:  # one write per event, as the gateway makes (the first with the headers)
+                event = line + b"\n\n"
+                self._write(head + b"%x\r\n" % len(event) + event + b"\r\n")
+                head = b""
+        self._write(head + b"0\r\n\r\n")
+
+
+async def serve_raw(engine_url: str, port: int, stream_interval: int) -> None:
+    http = EngineHTTP(timeout_s=60, connect_timeout_s=5)
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(lambda: RawFloor(engine_url, stream_interval, http), "127.0.0.1", port)
+    async with server:
+        await server.serve_forever()
+
+
 async def _whole(send: Any, status: int, content: bytes) -> None:
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(content)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": headers})
@@ -81,7 +158,11 @@ async def _whole(send: Any, status: int, content: bytes) -> None:
 
 
 if __name__ == "__main__":
-    interval = int(sys.argv[3]) if len(sys.argv) > 3 else 1
-    uvicorn.run(
-        app_for(sys.argv[1], interval), host="127.0.0.1", port=int(sys.argv[2]), log_level="warning", lifespan="off"
-    )
+    args = [a for a in sys.argv[1:] if a != "--raw"]
+    interval = int(args[2]) if len(args) > 2 else 1
+    if "--raw" in sys.argv:
+        uvloop.run(serve_raw(args[0], int(args[1]), interval))  # the loop the gateway serves on
+    else:
+        uvicorn.run(
+            app_for(args[0], interval), host="127.0.0.1", port=int(args[1]), log_level="warning", lifespan="off"
+        )

@@ -4,7 +4,8 @@ Prints, against the real floe CPU engine (``python -m inference`` in a subproces
 gateway of this tree and the gateway of ``--baseline`` (a git revision, checked out once into a worktree under
 ``.floe/bench/worktrees`` and run with the same venv; ``--baseline none`` skips it):
 
-1. gateway CPU per call (time on CPU of the gateway's threads, in ns, over sequential calls, streaming and not);
+1. gateway CPU per call (time on CPU of the gateway's threads, in ns, over sequential calls, streaming and not; the
+   median of 10 rounds of 30 calls, the columns interleaved round by round);
 2. streaming time-to-first-token, direct to the engine vs through each gateway (OpenAI Chat SSE), two ways: answers
    read to their end, as harnesses read them, and probes that hang up at the first token (a gateway then closes its
    engine connection so that the engine stops, and its next call opens a new one);
@@ -28,6 +29,8 @@ a baseline whose ``uv.lock`` has no uvloop (before it became a dependency) runs 
 A third column, the *floor* (``floor.py``), is the least any proxy on this stack costs: uvicorn and the gateway's
 engine hop handing the engine's bytes back untouched (no validation, parsing or record). The bench prints how far
 above it this tree is; what the floor itself costs (the event loop, the sockets) no change inside the gateway removes.
+Beside it, *floor, no uvicorn* (``floor.py --raw``) forwards the same way on a bare httptools protocol: the difference
+is what uvicorn's request cycle costs, the most a server of floe's own for the hot lane could save.
 The floor asks the engine for what this tree's gateway asks by default, ``stream_interval`` included (a streamed
 answer's tokens in chunks of that many, the first and the end at once). A fourth column, *this tree, one token per
 event*, is this tree's gateway with ``FLOE_GATEWAY_ENGINE_STREAM_INTERVAL=1``: the same code, one SSE event per
@@ -76,6 +79,7 @@ from report import write
 CONTROL = "bench-control"
 NO_UVLOOP = "FLOE_BENCH_NO_UVLOOP"  # set for a tree whose lock has no uvloop: its gateway runs on asyncio's loop
 FLOOR = "floor"  # the name of the floor column's process (``floor.py``)
+FLOOR_RAW = "floor-raw"  # the same forwarding without uvicorn (``floor.py --raw``)
 PER_TOKEN = "token"  # the name of this tree's gateway with one SSE event per token (streamed calls only)
 KAFKA = "kafka"  # this tree's gateway producing its records to a real broker, as deployed
 KAFKA_LINGER = "kafka-linger"  # the same with eventbus's producer linger (the gateway's before record_linger_ms)
@@ -85,6 +89,7 @@ TAGS = {
     "now": "",
     "base": "_baseline",
     FLOOR: "_floor",
+    FLOOR_RAW: "_floor_raw",
     PER_TOKEN: "_per_token",
     KAFKA: "_kafka",
     KAFKA_LINGER: "_kafka_linger",
@@ -302,17 +307,19 @@ def start_gateway(
     return Gateway(name, proc, url, records)
 
 
-def start_floor(engine_url: str, scratch: Path, stream_interval: int) -> Gateway:
-    """The floor column (``floor.py``): uvicorn and this tree's engine hop, forwarding bytes, nothing else."""
+def start_floor(engine_url: str, scratch: Path, stream_interval: int, *, raw: bool = False) -> Gateway:
+    """A floor column (``floor.py``): uvicorn and this tree's engine hop, forwarding bytes, nothing else; ``raw``: the
+    same on a bare httptools protocol, without uvicorn."""
+    name = FLOOR_RAW if raw else FLOOR
     port = free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(ROOT / d) for d in SRC_DIRS)}
-    log = (scratch / "floor.log").open("wb")
+    log = (scratch / f"{name}.log").open("wb")
     floor = str(Path(__file__).resolve().parent / "floor.py")
-    argv = [sys.executable, floor, engine_url, str(port), str(stream_interval)]
+    argv = [sys.executable, floor, engine_url, str(port), str(stream_interval), *(["--raw"] if raw else [])]
     proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    wait_http(url + "/healthz", proc, "floor", 60)
-    return Gateway(FLOOR, proc, url, scratch / "floor-has-no-records")
+    wait_http(url + "/healthz", proc, name, 60)
+    return Gateway(name, proc, url, scratch / "floor-has-no-records")
 
 
 def session(gw: str, sid: str, mode: str = "canonical") -> str:
@@ -513,6 +520,8 @@ async def main_async(quick: bool, baseline: str, turns: int, kafka: bool) -> dic
         names = dict(zip((g.name for g in gws), trees, strict=True))
         gws.append(start_floor(engine, scratch, default_stream_interval()))
         names[FLOOR] = "floor: proxy only"
+        gws.append(start_floor(engine, scratch, default_stream_interval(), raw=True))
+        names[FLOOR_RAW] = "floor, no uvicorn"
         gws.append(start_gateway(PER_TOKEN, engine, ROOT, scratch, {"FLOE_GATEWAY_ENGINE_STREAM_INTERVAL": "1"}))
         names[PER_TOKEN] = "this tree, per token"
         if kafka:
@@ -543,15 +552,18 @@ async def main_async(quick: bool, baseline: str, turns: int, kafka: bool) -> dic
             broker_pid = broker.pid() if broker is not None else None
             if broker_pid is not None:  # the broker runs beside the engine and this client, off the gateways' core
                 others.append(broker_pid)
+            # In rounds, every column once per round in a rotating order, and the median round: one column's calls all
+            # in a row met whatever the machine did meanwhile (its figures moved by 2x between columns of one run).
+            rounds = 3 if quick else 10
             for place in (OWN_CORE, SHARED):
                 place.apply(gw_pids, others)
-                cpu[place.name] = {
-                    g.name: (
-                        await cpu_per_call(client, g, body, n_cpu, place.name),
-                        await cpu_per_call(client, g, {**body, "stream": True}, n_cpu, place.name),
-                    )
-                    for g in gws
-                }
+                runs: dict[str, tuple[list[float], list[float]]] = {g.name: ([], []) for g in gws}
+                for r in range(rounds):
+                    for g in gws[r % len(gws) :] + gws[: r % len(gws)]:
+                        for stream, into in ((False, runs[g.name][0]), (True, runs[g.name][1])):
+                            tag = f"{place.name}-{r}"
+                            into.append(await cpu_per_call(client, g, {**body, "stream": stream}, n_cpu // rounds, tag))
+                cpu[place.name] = {n: (statistics.median(a), statistics.median(b)) for n, (a, b) in runs.items()}
             # TTFT two ways: answers read to their end (what harnesses do), and probes that hang up at the first token.
             t_direct: dict[bool, list[float]] = {False: [], True: []}
             t_gw: dict[bool, dict[str, list[float]]] = {leave: {g.name: [] for g in gws} for leave in (False, True)}
@@ -604,7 +616,7 @@ async def main_async(quick: bool, baseline: str, turns: int, kafka: bool) -> dic
             # cost of what grows with a session (prompt ids, the history the exact planner and the delta encoders read).
             long_cpu: dict[str, float] = {}
             for g in full:
-                if g.name not in (FLOOR, KAFKA, KAFKA_LINGER):  # the same code as "now", only its records differ
+                if g.name not in (FLOOR, FLOOR_RAW, KAFKA, KAFKA_LINGER):  # no exact mode; the same code as "now"
                     c0 = g.cpu_s()
                     await long_session(g, turns, client)
                     long_cpu[g.name] = (g.cpu_s() - c0) / turns * 1000
@@ -686,6 +698,11 @@ def report(
             f"this tree above the floor, {p}: {c['now'][0] - c[FLOOR][0]:.2f} ms per call "
             f"(streaming {c['now'][1] - c[FLOOR][1]:.2f} ms); the floor is {c[FLOOR][0] / c['now'][0]:.0%} "
             f"of this tree's CPU per call ({c[FLOOR][1] / c['now'][1]:.0%} streaming)"
+        )
+        print(
+            f"uvicorn's request cycle, {p}: the floor costs {c[FLOOR][0] - c[FLOOR_RAW][0]:+.2f} ms per call "
+            f"(streaming {c[FLOOR][1] - c[FLOOR_RAW][1]:+.2f} ms) more than the same forwarding without it "
+            f"({c[FLOOR_RAW][0] / c[FLOOR][0]:.2f}x, streaming {c[FLOOR_RAW][1] / c[FLOOR][1]:.2f}x)"
         )
     if KAFKA in order:
         for p, c in cpu.items():
