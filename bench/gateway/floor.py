@@ -34,6 +34,14 @@ import uvloop
 from gateway.engine_http import EngineHTTP
 
 Scope = dict[str, Any]
+CHAT = "/v1/chat/completions"  # the one path forwarded to the engine
+# What the bench needs of the gateway's other paths: health, and a (dummy) session token.
+_CANNED = {"/healthz": b'{"ok":true}', "/admin/sessions": b'{"token":"floor"}'}
+
+
+def _canned(path: str) -> tuple[int, bytes]:
+    found = _CANNED.get(path)
+    return (200, found) if found is not None else (404, b'{"error":"not found"}')
 
 
 def app_for(engine_url: str, stream_interval: int = 1) -> Any:
@@ -50,14 +58,8 @@ def app_for(engine_url: str, stream_interval: int = 1) -> Any:
             if not message.get("more_body"):
                 break
         path = scope["path"]
-        if path == "/healthz":
-            await _whole(send, 200, b'{"ok":true}')
-            return
-        if path == "/admin/sessions":
-            await _whole(send, 200, b'{"token":"floor"}')
-            return
-        if path != "/v1/chat/completions":
-            await _whole(send, 404, b'{"error":"not found"}')
+        if path != CHAT:
+            await _whole(send, *_canned(path))
             return
         if http is None:
             http = EngineHTTP(timeout_s=60, connect_timeout_s=5)
@@ -124,12 +126,8 @@ class RawFloor(asyncio.Protocol):
         self._write(head + content)
 
     async def _answer(self, path: bytes, raw: bytes) -> None:
-        if path == b"/healthz":
-            return self._whole(200, b'{"ok":true}')
-        if path == b"/admin/sessions":
-            return self._whole(200, b'{"token":"floor"}')
-        if path != b"/v1/chat/completions":
-            return self._whole(404, b'{"error":"not found"}')
+        if path != CHAT.encode():
+            return self._whole(*_canned(path.decode()))
         body, stream = engine_body(raw, self._stream_interval)
         r = await self._http.request("POST", self._engine_url + path.decode(), body)
         if not stream:

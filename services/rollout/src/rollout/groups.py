@@ -279,8 +279,9 @@ class GroupAssembler:
                 traces, stats = list(result.traces), result.stats
             except ReconstructionError as exc:
                 trainable, reason = False, f"reconstruction_error: {exc}"
-            if s.recorded(f.calls) < f.calls and reason is None:
-                trainable, reason = False, f"calls_missing: {s.recorded(f.calls)} of {f.calls}"
+            recorded = s.recorded(f.calls)
+            if recorded < f.calls and reason is None:
+                trainable, reason = False, f"calls_missing: {recorded} of {f.calls}"
             if not traces and reason is None:
                 trainable, reason = False, "no_model_calls"
             built.append((s, traces, stats, trainable, outcome.reward, reason, outcome.status))
