@@ -227,13 +227,16 @@ async def test_messages_fetched_by_the_poll_that_served_a_rebalance_are_not_lost
     assert [m.event.session_id for m in messages] == ["s-0000", "s-0001", "s-0002"]
 
 
+@pytest.mark.parametrize("sole_member", [True, False], ids=["sole-member", "asks-the-coordinator"])
 async def test_a_consumer_that_lost_its_membership_rejoins_as_a_new_member(
-    kafka_settings: KafkaSettings, topic_factory: TopicFactory, consumer_group: str
+    kafka_settings: KafkaSettings, topic_factory: TopicFactory, consumer_group: str, sole_member: bool
 ) -> None:
     topic = topic_factory(REWARDS, partitions=1)
     async with Producer(kafka_settings) as producer:
         await producer.send(topic, _reward(0))
-        async with Consumer(kafka_settings, [topic], group_id=consumer_group, rejoin_after_s=3.0) as consumer:
+        async with Consumer(
+            kafka_settings, [topic], group_id=consumer_group, rejoin_after_s=3.0, sole_member=sole_member
+        ) as consumer:
             first = await drain(consumer, 1)
             await consumer.commit(first[0])
             # The client leaves its group behind our back and never comes back by itself, as librdkafka once did

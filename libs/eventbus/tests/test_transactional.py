@@ -3,6 +3,7 @@ is dead-lettered inside the transaction (exactly once, even across an abort), mi
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -90,3 +91,43 @@ async def _all(consumer: Consumer[Any], quiet_s: float = 2.0) -> list[Any]:
     while (msg := await consumer.next(timeout_s=quiet_s)) is not None:
         got.append(msg)
     return got
+
+
+async def test_a_processor_dropped_from_its_group_rejoins_and_a_listed_standby_does_not(
+    kafka_settings: KafkaSettings, topic_factory: Callable[..., Topic[Any]], consumer_group: str
+) -> None:
+    """librdkafka can drop a member after a broker restart and never join again (``eventbus.membership``): the
+    processor notices that the group has settled without it and comes back as a new member. A standby that owns
+    nothing by design is listed, and stays as it is."""
+    inp = topic_factory(SESSIONS_FINISHED, partitions=1)
+    got: list[str] = []
+    first = asyncio.Event()
+
+    async def work(active: TransactionalProcessor[SessionFinished]) -> None:
+        async for batch in active.batches(timeout_s=60):
+            got.extend(m.event.session_id for m in batch)
+            assert await active.commit(batch)
+            first.set()
+            if len(got) == 2:
+                return
+
+    async with Producer(kafka_settings) as producer:
+        await producer.send(inp, finished(0))
+        async with TransactionalProcessor(
+            kafka_settings, [inp], consumer_group, f"txn-{uuid.uuid4().hex[:8]}", rejoin_after_s=2.0
+        ) as active:
+            worker = asyncio.create_task(work(active))
+            await asyncio.wait_for(first.wait(), 30)
+            # A second member owns nothing for several watchdog periods while the first keeps working.
+            async with TransactionalProcessor(
+                kafka_settings, [inp], consumer_group, f"txn-{uuid.uuid4().hex[:8]}", rejoin_after_s=2.0
+            ) as standby:
+                async for _ in standby.batches(timeout_s=9.0):
+                    raise AssertionError("the standby got input the active member owns")
+            assert standby.rejoins == 0, "a standby the coordinator lists must not rejoin"
+            # The active member leaves its group behind its own back, as librdkafka did, and input arrives.
+            await active._call(active._require_consumer().unsubscribe)
+            await producer.send(inp, finished(1))
+            await asyncio.wait_for(worker, 60)
+    assert got == ["s-000", "s-001"]
+    assert active.rejoins == 1

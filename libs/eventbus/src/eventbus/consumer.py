@@ -11,11 +11,11 @@
 - librdkafka's sync ``Consumer`` runs on ONE dedicated worker thread (every call: poll, commit, close), so the event
   loop never blocks and the client is never used from two threads at once.
 
-- ``rejoin_after_s``: for a member that should always own partitions (the only member of its group, such as the
-  learner). If it has owned none for that long, it closes its librdkafka client and joins again with a new one.
-  librdkafka can lose its membership and never rejoin: the fault-tolerance test once saw the learner's consumer
-  time out its session right after a broker restart, revoke its partition, and never send a JoinGroup again.
-  Training then stops without an error. With the watchdog the learner comes back as a new member.
+- ``rejoin_after_s`` (30 s; None: off): librdkafka can drop a member from its group and never join again
+  (``eventbus.membership`` says how); the service then gets no more input and nothing raises. A member that has
+  owned no partition that long asks the group's coordinator, and if the group has settled without it, closes its
+  librdkafka client and joins again with a new one. ``sole_member=True`` (the learner, a reloader: the only member
+  of their group, so they should always own partitions) skips the question and rejoins at once.
 
 Limits: messages of one partition are handed out in order; the caller decides concurrency. With a consumer group,
 a rebalance may redeliver messages handled but not yet committed (at-least-once). Static membership
@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import threading
-import time
 from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -49,6 +48,7 @@ from eventbus.errors import (
     from_kafka_error,
     map_kafka_errors,
 )
+from eventbus.membership import Unowned, dropped_from_group
 from eventbus.metrics import bus_metrics
 from eventbus.producer import LIBRDKAFKA_LOGGER, Producer
 from eventbus.settings import KafkaSettings
@@ -188,12 +188,11 @@ class Consumer(Generic[E]):
         poll_timeout_s: float = 0.2,
         config: Mapping[str, Any] | None = None,
         registry: CollectorRegistry | None = None,
-        rejoin_after_s: float | None = None,
+        rejoin_after_s: float | None = 30.0,
+        sole_member: bool = False,
     ) -> None:
         if not topics:
             raise ValueError("Consumer needs at least one topic")
-        if rejoin_after_s is not None and rejoin_after_s <= 0:
-            raise ValueError("rejoin_after_s must be positive")
         self._settings = settings
         self._topics: dict[str, Topic[E]] = {t.name: t for t in topics}
         self._group_id = group_id
@@ -212,9 +211,8 @@ class Consumer(Generic[E]):
         self._offsets = _Offsets()
         self._dlq_producer: Producer | None = None
         self._closed = False
-        self._rejoin_after_s = rejoin_after_s
-        self._owned: set[tuple[str, int]] = set()
-        self._unowned_since: float | None = None  # monotonic time since which no partition is owned
+        self._unowned = Unowned(rejoin_after_s)  # raises on a non-positive rejoin_after_s
+        self._sole_member = sole_member
         self._abandoned: list[confluent_kafka.Consumer] = []  # clients that would not close; kept, never used
         self.rejoins = 0
 
@@ -244,16 +242,21 @@ class Consumer(Generic[E]):
             return consumer
 
         self._consumer = await self._call(create)
-        self._owned.clear()
-        self._unowned_since = time.monotonic()
+        self._unowned.restart()
         log.info("consumer started", group_id=self._group_id, topics=list(self._topics))
 
-    async def _rejoin(self, unowned_s: float) -> None:
-        """Replace the librdkafka client with a new member of the same group (see ``rejoin_after_s``)."""
+    async def _rejoin_if_dropped(self) -> None:
+        """Owned nothing for ``rejoin_after_s``: replace the librdkafka client with a new member of the same group,
+        unless the coordinator lists this one (a standby) or is rebalancing (see ``rejoin_after_s``)."""
+        if not self._sole_member:
+            member_id = await self._call(self._require().memberid)
+            if not await dropped_from_group(self._settings, self._group_id, member_id):
+                self._unowned.restart()  # look again later
+                return
         log.warning(
             "consumer owned no partition for too long; rejoining its group as a new member",
             group_id=self._group_id,
-            seconds=round(unowned_s, 1),
+            seconds=round(self._unowned.seconds(), 1),
         )
         old, old_executor = self._consumer, self._executor
         self._consumer = self._executor = None
@@ -266,7 +269,7 @@ class Consumer(Generic[E]):
                 self._abandoned.append(old)
             old_executor.shutdown(wait=False)
         self._buffer.clear()
-        self._offsets.reset(list(self._owned))
+        self._offsets.reset(list(self._unowned.owned))
         self.rejoins += 1
         await self.start()
 
@@ -303,10 +306,8 @@ class Consumer(Generic[E]):
             if not self._buffer:
                 if self._closed:
                     return None
-                if self._rejoin_after_s is not None and self._unowned_since is not None:
-                    unowned_s = time.monotonic() - self._unowned_since
-                    if unowned_s > self._rejoin_after_s:
-                        await self._rejoin(unowned_s)
+                if self._unowned.due():
+                    await self._rejoin_if_dropped()
                 remaining = None if deadline is None else deadline - loop.time()
                 if remaining is not None and remaining <= 0:
                     return None
@@ -438,9 +439,7 @@ class Consumer(Generic[E]):
 
     def _on_assign(self, consumer: confluent_kafka.Consumer, partitions: list[TopicPartition]) -> None:
         self._offsets.reset([(p.topic, p.partition) for p in partitions])
-        self._owned.update((p.topic, p.partition) for p in partitions)
-        if self._owned:
-            self._unowned_since = None
+        self._unowned.assigned({(p.topic, p.partition) for p in partitions})
         log.info(
             "partitions assigned", group_id=self._group_id, partitions=[f"{p.topic}[{p.partition}]" for p in partitions]
         )
@@ -448,9 +447,7 @@ class Consumer(Generic[E]):
     def _on_revoke(self, consumer: confluent_kafka.Consumer, partitions: list[TopicPartition]) -> None:
         revoked = {(p.topic, p.partition) for p in partitions}
         self._offsets.reset(list(revoked))
-        self._owned -= revoked
-        if not self._owned and self._unowned_since is None:
-            self._unowned_since = time.monotonic()
+        self._unowned.revoked(revoked)
         # Fetched but not handed out: the next owner reads them from the committed offset. Filtered in place:
         # ``next()`` may hold a bound ``self._buffer.extend`` across this callback, so the deque must stay the same.
         kept = [m for m in self._buffer if (m.topic(), m.partition()) not in revoked]

@@ -24,6 +24,9 @@ How it works (librdkafka transactions with KIP-447):
 - Poison input (does not decode) is published to the dead-letter topic *inside* the transaction, so it too is
   dead-lettered exactly once.
 - An exception escaping the ``async with`` body aborts the open transaction.
+- ``rejoin_after_s``: a processor that has owned no partition that long asks the group's coordinator whether it is
+  still a member; if the group has settled without it (librdkafka dropped it after a broker restart and will not
+  join again: ``eventbus.membership``), its consumer is replaced by a new member. A listed standby is left alone.
 
 Limits: one transaction at a time; ``commit`` each batch before asking for the next (``ClientStateError``
 otherwise). Handlers must be deterministic enough that re-processing an aborted batch is correct.
@@ -56,6 +59,7 @@ from eventbus.errors import (
     map_exception,
     map_kafka_errors,
 )
+from eventbus.membership import Unowned, dropped_from_group
 from eventbus.metrics import bus_metrics
 from eventbus.producer import encode_for, event_headers, producer_config
 from eventbus.settings import KafkaSettings
@@ -85,6 +89,7 @@ class TransactionalProcessor(Generic[E]):
         consumer_overrides: Mapping[str, Any] | None = None,
         producer_overrides: Mapping[str, Any] | None = None,
         registry: CollectorRegistry | None = None,
+        rejoin_after_s: float | None = 30.0,
     ) -> None:
         if not inputs:
             raise ValueError("TransactionalProcessor needs at least one input topic")
@@ -123,6 +128,9 @@ class TransactionalProcessor(Generic[E]):
         # frozenset is swapped in, never mutated.
         self._assigned: frozenset[tuple[str, int]] = frozenset()
         self._epoch = 0
+        self._unowned = Unowned(rejoin_after_s)
+        self._abandoned_consumers: list[confluent_kafka.Consumer] = []  # would not close; kept, never used
+        self.rejoins = 0
 
     # ------------------------------------------------------------------------------------------- lifecycle
 
@@ -150,14 +158,54 @@ class TransactionalProcessor(Generic[E]):
                 producer = confluent_kafka.Producer(self._p_conf)
                 # Fences older incarnations of this transactional id and aborts their open transaction.
                 producer.init_transactions(self._op_timeout_s)
-                consumer = confluent_kafka.Consumer(self._c_conf)
-                consumer.subscribe(
-                    list(self._inputs), on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke
-                )
-            return producer, consumer
+            return producer, self._new_consumer()
 
         self._producer, self._consumer = await self._call(create)
+        self._unowned.restart()
         log.info("transactional processor started", transactional_id=self._txn_id, group_id=self._group_id)
+
+    def _new_consumer(self) -> confluent_kafka.Consumer:
+        with map_kafka_errors(f"create consumer ({self._txn_id})"):
+            consumer = confluent_kafka.Consumer(self._c_conf)
+            consumer.subscribe(
+                list(self._inputs), on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke
+            )
+        return consumer
+
+    async def _rejoin_if_dropped(self) -> None:
+        """Owned nothing for ``rejoin_after_s``: if the group has settled without this member (librdkafka dropped it
+        and will not join again, see ``eventbus.membership``), replace the consumer with a new member. A standby
+        that the coordinator lists is left alone. Only between transactions: nothing owned, nothing open."""
+        if self._open or not self._unowned.due():
+            return
+        consumer = self._require_consumer()
+        member_id = await self._call(consumer.memberid)
+        if not await dropped_from_group(self._settings, self._group_id, member_id):
+            # listed (a standby), rebalancing, or the broker cannot say: look again later
+            self._unowned.restart()
+            return
+        log.warning(
+            "processor's consumer is not a member of its group; rejoining as a new member",
+            transactional_id=self._txn_id,
+            group_id=self._group_id,
+            seconds=round(self._unowned.seconds(), 1),
+        )
+        self._consumer = None
+        try:
+            # A leave request lets the group move on at once; a close that hangs keeps the worker thread, so the
+            # processor goes on with a new one.
+            await asyncio.wait_for(self._call(consumer.close), 10.0)
+        except Exception as exc:
+            log.warning("old consumer client did not close; abandoned", error=repr(exc))
+            self._abandoned_consumers.append(consumer)
+            if self._executor is not None:
+                self._executor.shutdown(wait=False)
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="floe-txn")
+        self._assigned = frozenset()
+        self._epoch += 1
+        self._consumer = await self._call(self._new_consumer)
+        self._unowned.restart()
+        self.rejoins += 1
 
     async def close(self) -> None:
         self._closed = True
@@ -188,11 +236,14 @@ class TransactionalProcessor(Generic[E]):
 
     def _on_assign(self, consumer: confluent_kafka.Consumer, partitions: list[TopicPartition]) -> None:
         self._assigned = self._assigned | {(tp.topic, tp.partition) for tp in partitions}
+        self._unowned.assigned(set(self._assigned))
         self._epoch += 1
         log.info("partitions assigned", transactional_id=self._txn_id, partitions=len(self._assigned))
 
     def _on_revoke(self, consumer: confluent_kafka.Consumer, partitions: list[TopicPartition]) -> None:
-        self._assigned = self._assigned - {(tp.topic, tp.partition) for tp in partitions}
+        revoked = {(tp.topic, tp.partition) for tp in partitions}
+        self._assigned = self._assigned - revoked
+        self._unowned.revoked(revoked)
         self._epoch += 1
         log.info("partitions revoked", transactional_id=self._txn_id, partitions=len(partitions))
 
@@ -207,6 +258,7 @@ class TransactionalProcessor(Generic[E]):
                 raise ClientStateError("commit() or abort() the previous batch before asking for the next one")
             raws = await self._call(self._fetch)
             if not raws:
+                await self._rejoin_if_dropped()
                 if timeout_s is not None and time.monotonic() - idle_since > timeout_s:
                     return
                 continue

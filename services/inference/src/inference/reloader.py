@@ -130,6 +130,7 @@ async def run_weight_follower(
                 group_id=group,
                 auto_offset_reset="earliest",
                 rejoin_after_s=REJOIN_AFTER_S,
+                sole_member=True,
                 config=config,
             ) as consumer:
                 if ready is not None:

@@ -428,6 +428,7 @@ async def serve(
                 [batches],
                 group_id=settings.group_id,
                 rejoin_after_s=settings.rejoin_after_s,
+                sole_member=True,
                 config={"max.poll.interval.ms": int(settings.max_step_s * 1000)},
             ) as consumer,
         ):
