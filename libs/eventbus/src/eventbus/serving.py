@@ -156,21 +156,24 @@ def serve(app: FastAPI, host: str, port: int, *, log_level: str = "warning", fre
 @contextlib.contextmanager
 def serve_in_thread(app: Any, port: int | None = None, *, start_timeout_s: float = 60.0) -> Iterator[str]:
     """Serve the ASGI ``app`` with uvicorn in a daemon thread on a loopback ``port`` (a free one by default) and
-    yield its base URL; stop it on exit. For tests and benches that need a real server in their own process."""
-    if port is None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
+    yield its base URL; stop it on exit. For tests and benches that need a real server in their own process.
+
+    The socket is bound here and handed to uvicorn: a port picked free and bound later could be taken in between."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port or 0))
+    port = int(sock.getsockname()[1])
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name=f"uvicorn-{port}", daemon=True)
     thread.start()
     deadline = time.monotonic() + start_timeout_s
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError(f"the server on port {port} did not start")
-        time.sleep(0.01)
     try:
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the server on port {port} did not start")
+            time.sleep(0.01)
         yield f"http://127.0.0.1:{port}"
     finally:
         server.should_exit = True
         thread.join(30)
+        sock.close()
