@@ -50,7 +50,7 @@ from eventbus.errors import (
 )
 from eventbus.membership import Unowned, dropped_from_group
 from eventbus.metrics import bus_metrics
-from eventbus.producer import LIBRDKAFKA_LOGGER, Producer
+from eventbus.producer import CLIENT_ERRORS, LIBRDKAFKA_LOGGER, Producer
 from eventbus.settings import KafkaSettings
 
 __all__ = ["Consumer", "Message", "consumer_config", "dead_letter_for", "raw_headers", "raw_key", "raw_timestamp"]
@@ -459,4 +459,7 @@ class Consumer(Generic[E]):
         if err.fatal():
             log.error("consumer fatal error", error=err.str(), code=err.name())
         else:
-            log.warning("consumer client error", error=err.str(), code=err.name())
+            repeated = CLIENT_ERRORS.admit(f"consumer {err.name()} {err.str()}")
+            if repeated is not None:
+                extra = {"repeated": repeated} if repeated else {}
+                log.warning("consumer client error", error=err.str(), code=err.name(), **extra)

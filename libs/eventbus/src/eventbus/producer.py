@@ -38,6 +38,7 @@ from eventbus.errors import (
     map_exception,
     map_kafka_errors,
 )
+from eventbus.logging import Repeats
 from eventbus.metrics import bus_metrics
 from eventbus.settings import KafkaSettings
 
@@ -254,7 +255,10 @@ class Producer:
             log.error("producer fatal error", error=str(mapped), code=mapped.code)
         else:
             # Transport hiccups are reported here and retried by librdkafka; deliveries fail only at their timeout.
-            log.warning("producer client error", error=str(mapped), code=mapped.code)
+            repeated = CLIENT_ERRORS.admit(f"producer {mapped.code} {mapped}")
+            if repeated is not None:
+                extra = {"repeated": repeated} if repeated else {}
+                log.warning("producer client error", error=str(mapped), code=mapped.code, **extra)
 
 
 def encode_for(topic: Topic[Any], event: Event) -> bytes:
@@ -277,17 +281,29 @@ def _settle(fut: asyncio.Future[Delivery], result: Delivery | EventBusError) -> 
 
 
 class _LibrdkafkaLogger:
-    """librdkafka log lines into structlog, with a constant message (confluent_kafka passes Python log levels)."""
+    """librdkafka log lines into structlog, with a constant message (confluent_kafka passes Python log levels).
+    A line repeated within 10 s (every failed reconnect while a broker is down) is counted, not written."""
+
+    def __init__(self) -> None:
+        self.repeats = Repeats()
 
     def log(self, level: int, fmt: str, *args: object) -> None:
         text = fmt % args if args else fmt
-        if level >= 40:
-            log.error("librdkafka", detail=text)
-        elif level >= 30:
-            log.warning("librdkafka", detail=text)
-        else:
-            # Debug lines exist only when FLOE_KAFKA_DEBUG asked for them: show them at the service's usual level.
+        if level < 30:
+            # Debug lines exist only when FLOE_KAFKA_DEBUG asked for them: all of them, at the service's usual level.
             log.info("librdkafka", detail=text)
+            return
+        repeated = self.repeats.admit(text)
+        if repeated is None:
+            return
+        extra = {"repeated": repeated} if repeated else {}
+        if level >= 40:
+            log.error("librdkafka", detail=text, **extra)
+        else:
+            log.warning("librdkafka", detail=text, **extra)
+
+
+CLIENT_ERRORS = Repeats()  # the clients' error_cb reports (transport errors while a broker is down), thinned alike
 
 
 LIBRDKAFKA_LOGGER = _LibrdkafkaLogger()
