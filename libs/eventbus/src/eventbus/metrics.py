@@ -16,12 +16,28 @@ from typing import TypeVar
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics import MetricWrapperBase
 
-__all__ = ["BusMetrics", "bus_metrics", "counter", "gauge", "histogram", "new_registry"]
+__all__ = ["BusMetrics", "Children", "bus_metrics", "counter", "gauge", "histogram", "new_registry"]
 
 M = TypeVar("M", bound=MetricWrapperBase)
 
 _lock = threading.Lock()
 _made: dict[tuple[int, str], MetricWrapperBase] = {}
+
+
+class Children:
+    """``metric.labels(*values)``, looked up once per label set: ``labels`` validates, takes a lock and builds tuples
+    on every call, several times per model call on the gateway's hot path. Not locked: a race builds the same child
+    twice, and ``labels`` returns the one child either way."""
+
+    def __init__(self) -> None:
+        self._found: dict[tuple[int, tuple[str, ...]], MetricWrapperBase] = {}
+
+    def __call__(self, metric: M, *values: str) -> M:
+        key = (id(metric), values)
+        found = self._found.get(key)
+        if found is None:
+            found = self._found[key] = metric.labels(*values)
+        return found  # type: ignore[return-value]  # labels() returns the metric's own type
 
 
 def new_registry() -> CollectorRegistry:

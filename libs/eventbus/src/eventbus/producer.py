@@ -25,7 +25,7 @@ from typing import Any
 
 import confluent_kafka
 import structlog
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry
 
 from contracts import Event, Topic, encode
 from contracts.errors import ContractError
@@ -39,7 +39,7 @@ from eventbus.errors import (
     map_kafka_errors,
 )
 from eventbus.logging import Repeats
-from eventbus.metrics import bus_metrics
+from eventbus.metrics import Children, bus_metrics
 from eventbus.settings import KafkaSettings
 
 __all__ = ["LIBRDKAFKA_LOGGER", "Delivery", "Producer", "event_headers", "producer_config"]
@@ -107,7 +107,7 @@ class Producer:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._fatal: EventBusError | None = None
-        self._per_topic: dict[str, tuple[Counter, Histogram]] = {}
+        self._child = Children()
 
     # ------------------------------------------------------------------------------------------- lifecycle
 
@@ -187,19 +187,9 @@ class Producer:
 
         await self._produce(producer, topic.name, value, k, hdrs, on_delivery, partition)
         delivery = await fut
-        produced, seconds = self._topic_metrics(topic.name)
-        produced.inc()
-        seconds.observe(time.perf_counter() - started)
+        self._child(self._metrics.produced, topic.name).inc()
+        self._child(self._metrics.produce_seconds, topic.name).observe(time.perf_counter() - started)
         return delivery
-
-    def _topic_metrics(self, topic: str) -> tuple[Counter, Histogram]:
-        # labels() validates, takes a lock and builds tuples on each call: looked up once per topic instead (the
-        # gateway sends one record per model call).
-        found = self._per_topic.get(topic)
-        if found is None:
-            m = self._metrics
-            found = self._per_topic[topic] = (m.produced.labels(topic), m.produce_seconds.labels(topic))
-        return found
 
     async def _produce(
         self,

@@ -3,29 +3,20 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.metrics import MetricWrapperBase
+
+from eventbus.metrics import Children
 
 __all__ = ["GatewayMetrics"]
-
-M = TypeVar("M", bound=MetricWrapperBase)
 
 
 @dataclass
 class GatewayMetrics:
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
-    _children: dict[tuple[int, tuple[str, ...]], MetricWrapperBase] = field(default_factory=dict, repr=False)
-
-    def child(self, metric: M, *values: str) -> M:
-        """``metric.labels(*values)``, looked up once per label set: ``labels`` validates, takes a lock and builds
-        tuples on every call, several times per model call on the hot path."""
-        key = (id(metric), values)
-        found = self._children.get(key)
-        if found is None:
-            found = self._children[key] = metric.labels(*values)
-        return found  # type: ignore[return-value]  # labels() returns the metric's own type
+    # ``child(metric, *labels)``: the labelled child, looked up once per label set (the hot path asks several times
+    # per model call).
+    child: Children = field(default_factory=Children, repr=False)
 
     def __post_init__(self) -> None:
         r = self.registry
