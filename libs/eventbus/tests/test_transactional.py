@@ -22,6 +22,7 @@ from contracts import (
     Topic,
 )
 from eventbus import ClientStateError, Consumer, KafkaSettings, Producer, TransactionalProcessor
+from eventbus.metrics import new_registry
 
 pytestmark = pytest.mark.integration
 
@@ -113,8 +114,9 @@ async def test_a_processor_dropped_from_its_group_rejoins_and_a_listed_standby_d
 
     async with Producer(kafka_settings) as producer:
         await producer.send(inp, finished(0))
+        registry = new_registry()
         async with TransactionalProcessor(
-            kafka_settings, [inp], consumer_group, f"txn-{uuid.uuid4().hex[:8]}", rejoin_after_s=2.0
+            kafka_settings, [inp], consumer_group, f"txn-{uuid.uuid4().hex[:8]}", rejoin_after_s=2.0, registry=registry
         ) as active:
             worker = asyncio.create_task(work(active))
             await asyncio.wait_for(first.wait(), 30)
@@ -131,3 +133,4 @@ async def test_a_processor_dropped_from_its_group_rejoins_and_a_listed_standby_d
             await asyncio.wait_for(worker, 60)
     assert got == ["s-000", "s-001"]
     assert active.rejoins == 1
+    assert registry.get_sample_value("floe_eventbus_group_rejoins_total", {"group": consumer_group}) == 1

@@ -271,6 +271,7 @@ class Consumer(Generic[E]):
         self._buffer.clear()
         self._offsets.reset(list(self._unowned.owned))
         self.rejoins += 1
+        self._metrics.rejoins.labels(self._group_id).inc()
         await self.start()
 
     async def close(self) -> None:

@@ -80,13 +80,14 @@ def histogram(
 
 @dataclass(frozen=True)
 class BusMetrics:
-    """The eventbus's metrics (label ``topic`` everywhere)."""
+    """The eventbus's metrics (label ``topic``, or ``group`` for consumer-group membership)."""
 
     produced: Counter
     produce_seconds: Histogram
     consumed: Counter
     dead_lettered: Counter
     committed: Counter
+    rejoins: Counter
 
 
 def bus_metrics(registry: CollectorRegistry | None = None) -> BusMetrics:
@@ -109,4 +110,10 @@ def bus_metrics(registry: CollectorRegistry | None = None) -> BusMetrics:
             registry,
         ),
         committed=counter("floe_eventbus_commits_total", "offset commits (incl. transactional)", ["topic"], registry),
+        rejoins=counter(
+            "floe_eventbus_group_rejoins_total",
+            "consumers replaced by a new group member after librdkafka dropped them (eventbus.membership)",
+            ["group"],
+            registry,
+        ),
     )

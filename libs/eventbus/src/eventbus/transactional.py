@@ -206,6 +206,7 @@ class TransactionalProcessor(Generic[E]):
         self._consumer = await self._call(self._new_consumer)
         self._unowned.restart()
         self.rejoins += 1
+        self._metrics.rejoins.labels(self._group_id).inc()
 
     async def close(self) -> None:
         self._closed = True
