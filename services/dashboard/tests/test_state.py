@@ -128,6 +128,7 @@ def test_a_call_asked_again_replaces_the_attempts_it_supersedes_in_either_order(
             st.apply(event)
         (a,) = st.snapshot()["recent_sessions"]
         assert [(c["index"], c["call_id"]) for c in a["calls"]] == [(0, "a-0"), (1, "a-1")]
+        assert sum(st.snapshot()["staleness"].values()) == 2, "the attempt the harness never got is not a call"
 
 
 def test_memory_is_bounded() -> None:

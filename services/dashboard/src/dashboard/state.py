@@ -9,7 +9,8 @@ rebuilt by replaying the topics from the beginning:
   (a session whose calls rebuilt into k traces had k - 1 chain breaks);
 - learner loss and throughput, weight version: ``WeightsPublished.metrics``;
 - staleness: for each ``ModelCallRecorded``, the newest version *published before the call started* minus the version
-  that served it (by event time, so the order in which topics are consumed does not change the answer);
+  that served it (by event time, so the order in which topics are consumed does not change the answer); an attempt
+  that a retry superseded (``supersedes_call_ids``) is not counted: the harness never got it;
 - recent sessions with their calls: ``ModelCallRecorded`` + ``SessionFinished`` + ``RewardPublished``;
 - group selection: zero-signal groups left out of batches, from each batch's ``metrics``
   (``groups.dropped_zero_signal``, ``groups.dropped_zero_signal_total``, ``steps.skipped_total``; the rollout's
@@ -103,7 +104,8 @@ class DashboardState:
         self._state_counts: Counter[str] = Counter()
         self._steps: dict[int, dict[str, float]] = {}
         self._weights: list[dict[str, Any]] = []
-        self._call_versions: list[tuple[int, int]] = []  # (started_at, weight_version), bounded below
+        # (started_at, weight_version, call_id) of the calls the harnesses got, bounded below
+        self._call_versions: list[tuple[int, int, str]] = []
         self._published: list[tuple[int, int]] = []  # (published_at, version)
         self._harness: defaultdict[str, _HarnessStats] = defaultdict(_HarnessStats)
         self._rewards: list[float] = []
@@ -191,8 +193,11 @@ class DashboardState:
             return  # redelivered, or an attempt whose record landed after the call that replaced it
         # An attempt the gateway could not record durably, listed before the call asked again arrived: the session's
         # calls are the ones the harness got, as the rollout reads them (ModelCallRecorded.supersedes_call_ids).
-        s.calls[:] = [c for c in s.calls if c["call_id"] not in event.supersedes_call_ids]
-        self._call_versions.append((event.started_at, event.weight_version))
+        if event.supersedes_call_ids:
+            gone = set(event.supersedes_call_ids)
+            s.calls[:] = [c for c in s.calls if c["call_id"] not in gone]
+            self._call_versions[:] = [cv for cv in self._call_versions if cv[2] not in gone]
+        self._call_versions.append((event.started_at, event.weight_version, event.call_id))
         del self._call_versions[: -self.max_sessions * 50]
         facts = self._facts(event.session_id)
         if facts is not None:
@@ -279,7 +284,7 @@ class DashboardState:
         ]
         staleness: Counter[int] = Counter()
         running_max: list[int] = list(itertools.accumulate((v for _, v in self._published), max))
-        for started_at, version in self._call_versions:
+        for started_at, version, _ in self._call_versions:
             i = bisect.bisect_right(self._published, (started_at, 1 << 62))
             newest = running_max[i - 1] if i else 0
             staleness[max(0, newest - version)] += 1
