@@ -48,9 +48,9 @@ from eventbus.errors import (
     from_kafka_error,
     map_kafka_errors,
 )
-from eventbus.membership import Unowned, dropped_from_group
+from eventbus.membership import Membership, close_within
 from eventbus.metrics import bus_metrics
-from eventbus.producer import CLIENT_ERRORS, LIBRDKAFKA_LOGGER, Producer
+from eventbus.producer import KAFKA_LINES, LIBRDKAFKA_LOGGER, Producer
 from eventbus.settings import KafkaSettings
 
 __all__ = ["Consumer", "Message", "consumer_config", "dead_letter_for", "raw_headers", "raw_key", "raw_timestamp"]
@@ -211,8 +211,7 @@ class Consumer(Generic[E]):
         self._offsets = _Offsets()
         self._dlq_producer: Producer | None = None
         self._closed = False
-        self._unowned = Unowned(rejoin_after_s)  # raises on a non-positive rejoin_after_s
-        self._sole_member = sole_member
+        self._membership = Membership(settings, group_id, rejoin_after_s, sole_member=sole_member)
         self._abandoned: list[confluent_kafka.Consumer] = []  # clients that would not close; kept, never used
         self.rejoins = 0
 
@@ -242,34 +241,26 @@ class Consumer(Generic[E]):
             return consumer
 
         self._consumer = await self._call(create)
-        self._unowned.restart()
+        self._membership.restart()
         log.info("consumer started", group_id=self._group_id, topics=list(self._topics))
 
     async def _rejoin_if_dropped(self) -> None:
-        """Owned nothing for ``rejoin_after_s``: replace the librdkafka client with a new member of the same group,
-        unless the coordinator lists this one (a standby) or is rebalancing (see ``rejoin_after_s``)."""
-        if not self._sole_member:
-            member_id = await self._call(self._require().memberid)
-            if not await dropped_from_group(self._settings, self._group_id, member_id):
-                self._unowned.restart()  # look again later
-                return
+        """Replace the librdkafka client with a new member of the same group if ``Membership`` says it was dropped
+        (see ``rejoin_after_s``). Only called with nothing owned, so no partition's bookkeeping is lost."""
+        if not await self._membership.dropped(lambda: self._call(self._require().memberid)):
+            return
         log.warning(
             "consumer owned no partition for too long; rejoining its group as a new member",
             group_id=self._group_id,
-            seconds=round(self._unowned.seconds(), 1),
+            seconds=round(self._membership.seconds(), 1),
         )
         old, old_executor = self._consumer, self._executor
         self._consumer = self._executor = None
         if old is not None and old_executor is not None:
-            try:
-                # A leave request lets the group hand the partitions to the new member at once.
-                await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(old_executor, old.close), 10.0)
-            except Exception as exc:  # hung or failing close: never touch that client again
-                log.warning("old consumer client did not close; abandoned", error=repr(exc))
+            if not await close_within(old, old_executor):
                 self._abandoned.append(old)
             old_executor.shutdown(wait=False)
         self._buffer.clear()
-        self._offsets.reset(list(self._unowned.owned))
         self.rejoins += 1
         self._metrics.rejoins.labels(self._group_id).inc()
         await self.start()
@@ -307,7 +298,7 @@ class Consumer(Generic[E]):
             if not self._buffer:
                 if self._closed:
                     return None
-                if self._unowned.due():
+                if self._membership.due():
                     await self._rejoin_if_dropped()
                 remaining = None if deadline is None else deadline - loop.time()
                 if remaining is not None and remaining <= 0:
@@ -440,7 +431,7 @@ class Consumer(Generic[E]):
 
     def _on_assign(self, consumer: confluent_kafka.Consumer, partitions: list[TopicPartition]) -> None:
         self._offsets.reset([(p.topic, p.partition) for p in partitions])
-        self._unowned.assigned({(p.topic, p.partition) for p in partitions})
+        self._membership.assigned({(p.topic, p.partition) for p in partitions})
         log.info(
             "partitions assigned", group_id=self._group_id, partitions=[f"{p.topic}[{p.partition}]" for p in partitions]
         )
@@ -448,7 +439,7 @@ class Consumer(Generic[E]):
     def _on_revoke(self, consumer: confluent_kafka.Consumer, partitions: list[TopicPartition]) -> None:
         revoked = {(p.topic, p.partition) for p in partitions}
         self._offsets.reset(list(revoked))
-        self._unowned.revoked(revoked)
+        self._membership.revoked(revoked)
         # Fetched but not handed out: the next owner reads them from the committed offset. Filtered in place:
         # ``next()`` may hold a bound ``self._buffer.extend`` across this callback, so the deque must stay the same.
         kept = [m for m in self._buffer if (m.topic(), m.partition()) not in revoked]
@@ -460,7 +451,5 @@ class Consumer(Generic[E]):
         if err.fatal():
             log.error("consumer fatal error", error=err.str(), code=err.name())
         else:
-            repeated = CLIENT_ERRORS.admit(f"consumer {err.name()} {err.str()}")
-            if repeated is not None:
-                extra = {"repeated": repeated} if repeated else {}
-                log.warning("consumer client error", error=err.str(), code=err.name(), **extra)
+            line = f"consumer {err.name()} {err.str()}"
+            KAFKA_LINES.emit(log.warning, line, "consumer client error", error=err.str(), code=err.name())

@@ -106,3 +106,13 @@ class Repeats:
                     self._seen.clear()
             self._seen[key] = (now, 0)
             return 0 if last is None else last[1]
+
+    def emit(self, write: Callable[..., Any], line: str, event: str, **fields: Any) -> None:
+        """``write(event, **fields)`` unless ``line`` is a repeat within the window; with ``repeated=<n>`` when
+        repeats were dropped before it."""
+        repeated = self.admit(line)
+        if repeated is None:
+            return
+        if repeated:
+            fields["repeated"] = repeated
+        write(event, **fields)

@@ -6,8 +6,10 @@ coordinator is down the client times out its session ("SESSTMOUT ... revoking as
 revokes its partitions, and then never sends a JoinGroup again; the broker, back, drops the member when its
 heartbeats stop and the group sits empty. Nothing raises: the service just gets no more input.
 
-``Unowned`` tracks since when a member has owned no partition (rebalance callbacks run on the client's thread;
-the event loop reads). What to do once that lasts too long depends on the member:
+``Membership`` tracks since when a member has owned no partition (rebalance callbacks run on the client's thread;
+the event loop reads) and decides, once that lasts too long, whether to rejoin; ``Consumer`` and
+``TransactionalProcessor`` then replace their client (``close_within`` closes the old one, bounded). The decision
+depends on the member:
 
 - one that should always own partitions (the only member of its group, such as the learner) rejoins at once;
 - one that may own nothing by design (a standby rollout leader, a scorer beyond the partition count) first asks the
@@ -19,6 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import structlog
 from confluent_kafka import ConsumerGroupState, KafkaException
@@ -27,21 +32,26 @@ from eventbus.admin import admin_client
 from eventbus.errors import EventBusError
 from eventbus.settings import KafkaSettings
 
-__all__ = ["Unowned", "dropped_from_group"]
+__all__ = ["Membership", "close_within", "dropped_from_group"]
 
 log = structlog.get_logger()
 
 
-class Unowned:
-    """Since when a group member has owned no partition; ``due()`` once that is longer than ``after_s`` (never when
-    it is None: a member that is not watched)."""
+class Membership:
+    """One member's watch over its own place in ``group_id`` (see the module docstring). Rebalance callbacks report
+    what is assigned and revoked; ``dropped()`` says when to replace the client with a new member."""
 
-    def __init__(self, after_s: float | None) -> None:
+    def __init__(
+        self, settings: KafkaSettings, group_id: str, after_s: float | None, *, sole_member: bool = False
+    ) -> None:
         if after_s is not None and after_s <= 0:
-            raise ValueError("after_s must be positive")
-        self.after_s = after_s
+            raise ValueError("rejoin_after_s must be positive")
+        self._settings = settings
+        self._group_id = group_id
+        self.after_s = after_s  # None: not watched
+        self.sole_member = sole_member
         self._owned: set[tuple[str, int]] = set()
-        self._since: float | None = time.monotonic()
+        self._since: float | None = time.monotonic()  # since when nothing is owned; None while something is
 
     def restart(self) -> None:
         """A new client (or a verdict that all is well): nothing owned, counting from now."""
@@ -58,17 +68,35 @@ class Unowned:
         if not self._owned and self._since is None:
             self._since = time.monotonic()
 
-    @property
-    def owned(self) -> frozenset[tuple[str, int]]:
-        return frozenset(self._owned)
-
     def seconds(self) -> float:
         """How long nothing has been owned (0 while something is)."""
         since = self._since
         return 0.0 if since is None else time.monotonic() - since
 
     def due(self) -> bool:
+        """Owned nothing for longer than ``after_s``: time for ``dropped()`` to look (cheap; ask it freely)."""
         return self.after_s is not None and self.seconds() > self.after_s
+
+    async def dropped(self, member_id: Callable[[], Awaitable[str | None]]) -> bool:
+        """Once ``due()``: whether this member should rejoin. A sole member should at once; any other only if the
+        coordinator has settled without it (``dropped_from_group``). Otherwise the count starts again."""
+        if not self.due():
+            return False
+        if self.sole_member or await dropped_from_group(self._settings, self._group_id, await member_id()):
+            return True
+        self.restart()  # listed (a standby), rebalancing, or the broker cannot say: look again later
+        return False
+
+
+async def close_within(client: Any, executor: ThreadPoolExecutor, timeout_s: float = 10.0) -> bool:
+    """Close a librdkafka consumer on its worker thread (its leave request lets the group move on at once). False if
+    the close failed or hung: the caller must never touch that client, nor a hung thread, again."""
+    try:
+        await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(executor, client.close), timeout_s)
+        return True
+    except Exception as exc:
+        log.warning("old consumer client did not close; abandoned", error=repr(exc))
+        return False
 
 
 # While a group rebalances, a member that has asked to join may not be listed yet: that is not a dropped member.

@@ -245,10 +245,8 @@ class Producer:
             log.error("producer fatal error", error=str(mapped), code=mapped.code)
         else:
             # Transport hiccups are reported here and retried by librdkafka; deliveries fail only at their timeout.
-            repeated = CLIENT_ERRORS.admit(f"producer {mapped.code} {mapped}")
-            if repeated is not None:
-                extra = {"repeated": repeated} if repeated else {}
-                log.warning("producer client error", error=str(mapped), code=mapped.code, **extra)
+            line = f"producer {mapped.code} {mapped}"
+            KAFKA_LINES.emit(log.warning, line, "producer client error", error=str(mapped), code=mapped.code)
 
 
 def encode_for(topic: Topic[Any], event: Event) -> bytes:
@@ -270,30 +268,23 @@ def _settle(fut: asyncio.Future[Delivery], result: Delivery | EventBusError) -> 
         fut.set_result(result)
 
 
-class _LibrdkafkaLogger:
-    """librdkafka log lines into structlog, with a constant message (confluent_kafka passes Python log levels).
-    A line repeated within 10 s (every failed reconnect while a broker is down) is counted, not written."""
+# The Kafka clients' lines (librdkafka's log, the clients' error reports): a line repeated within 10 s, such as every
+# failed reconnect while a broker is down, is counted, not written.
+KAFKA_LINES = Repeats()
 
-    def __init__(self) -> None:
-        self.repeats = Repeats()
+
+class _LibrdkafkaLogger:
+    """librdkafka log lines into structlog, with a constant message (confluent_kafka passes Python log levels)."""
 
     def log(self, level: int, fmt: str, *args: object) -> None:
         text = fmt % args if args else fmt
-        if level < 30:
+        if level >= 40:
+            KAFKA_LINES.emit(log.error, text, "librdkafka", detail=text)
+        elif level >= 30:
+            KAFKA_LINES.emit(log.warning, text, "librdkafka", detail=text)
+        else:
             # Debug lines exist only when FLOE_KAFKA_DEBUG asked for them: all of them, at the service's usual level.
             log.info("librdkafka", detail=text)
-            return
-        repeated = self.repeats.admit(text)
-        if repeated is None:
-            return
-        extra = {"repeated": repeated} if repeated else {}
-        if level >= 40:
-            log.error("librdkafka", detail=text, **extra)
-        else:
-            log.warning("librdkafka", detail=text, **extra)
-
-
-CLIENT_ERRORS = Repeats()  # the clients' error_cb reports (transport errors while a broker is down), thinned alike
 
 
 LIBRDKAFKA_LOGGER = _LibrdkafkaLogger()

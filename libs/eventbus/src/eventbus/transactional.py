@@ -59,7 +59,7 @@ from eventbus.errors import (
     map_exception,
     map_kafka_errors,
 )
-from eventbus.membership import Unowned, dropped_from_group
+from eventbus.membership import Membership, close_within
 from eventbus.metrics import bus_metrics
 from eventbus.producer import encode_for, event_headers, producer_config
 from eventbus.settings import KafkaSettings
@@ -128,7 +128,7 @@ class TransactionalProcessor(Generic[E]):
         # frozenset is swapped in, never mutated.
         self._assigned: frozenset[tuple[str, int]] = frozenset()
         self._epoch = 0
-        self._unowned = Unowned(rejoin_after_s)
+        self._membership = Membership(settings, group_id, rejoin_after_s)
         self._abandoned_consumers: list[confluent_kafka.Consumer] = []  # would not close; kept, never used
         self.rejoins = 0
 
@@ -161,7 +161,7 @@ class TransactionalProcessor(Generic[E]):
             return producer, self._new_consumer()
 
         self._producer, self._consumer = await self._call(create)
-        self._unowned.restart()
+        self._membership.restart()
         log.info("transactional processor started", transactional_id=self._txn_id, group_id=self._group_id)
 
     def _new_consumer(self) -> confluent_kafka.Consumer:
@@ -176,35 +176,28 @@ class TransactionalProcessor(Generic[E]):
         """Owned nothing for ``rejoin_after_s``: if the group has settled without this member (librdkafka dropped it
         and will not join again, see ``eventbus.membership``), replace the consumer with a new member. A standby
         that the coordinator lists is left alone. Only between transactions: nothing owned, nothing open."""
-        if self._open or not self._unowned.due():
+        consumer = self._consumer
+        if self._open or consumer is None or not self._membership.due():
             return
-        consumer = self._require_consumer()
-        member_id = await self._call(consumer.memberid)
-        if not await dropped_from_group(self._settings, self._group_id, member_id):
-            # listed (a standby), rebalancing, or the broker cannot say: look again later
-            self._unowned.restart()
+        if not await self._membership.dropped(lambda: self._call(consumer.memberid)):
             return
         log.warning(
             "processor's consumer is not a member of its group; rejoining as a new member",
             transactional_id=self._txn_id,
             group_id=self._group_id,
-            seconds=round(self._unowned.seconds(), 1),
+            seconds=round(self._membership.seconds(), 1),
         )
         self._consumer = None
-        try:
-            # A leave request lets the group move on at once; a close that hangs keeps the worker thread, so the
-            # processor goes on with a new one.
-            await asyncio.wait_for(self._call(consumer.close), 10.0)
-        except Exception as exc:
-            log.warning("old consumer client did not close; abandoned", error=repr(exc))
+        assert self._executor is not None  # started: the consumer exists
+        if not await close_within(consumer, self._executor):
+            # The worker thread may be stuck in the close: the producer goes on with a new one.
             self._abandoned_consumers.append(consumer)
-            if self._executor is not None:
-                self._executor.shutdown(wait=False)
+            self._executor.shutdown(wait=False)
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="floe-txn")
         self._assigned = frozenset()
         self._epoch += 1
         self._consumer = await self._call(self._new_consumer)
-        self._unowned.restart()
+        self._membership.restart()
         self.rejoins += 1
         self._metrics.rejoins.labels(self._group_id).inc()
 
@@ -237,14 +230,14 @@ class TransactionalProcessor(Generic[E]):
 
     def _on_assign(self, consumer: confluent_kafka.Consumer, partitions: list[TopicPartition]) -> None:
         self._assigned = self._assigned | {(tp.topic, tp.partition) for tp in partitions}
-        self._unowned.assigned(set(self._assigned))
+        self._membership.assigned({(tp.topic, tp.partition) for tp in partitions})
         self._epoch += 1
         log.info("partitions assigned", transactional_id=self._txn_id, partitions=len(self._assigned))
 
     def _on_revoke(self, consumer: confluent_kafka.Consumer, partitions: list[TopicPartition]) -> None:
         revoked = {(tp.topic, tp.partition) for tp in partitions}
         self._assigned = self._assigned - revoked
-        self._unowned.revoked(revoked)
+        self._membership.revoked(revoked)
         self._epoch += 1
         log.info("partitions revoked", transactional_id=self._txn_id, partitions=len(partitions))
 
