@@ -21,6 +21,7 @@
 #   --owner-pid PID        stop the broker when PID exits (the test plugin passes its own pid, so a killed
 #                          pytest never leaves a broker behind)
 #   FLOE_KAFKA_HEAP (default 512m), FLOE_KAFKA_JVM_OPTS (extra JVM flags), FLOE_KAFKA_STOP_TIMEOUT (default 30),
+#   FLOE_KAFKA_EXTRA_PROPS (broker settings appended to server.properties, one key=value per line),
 #   FLOE_KAFKA_FAST_START (default 1: C1 JIT + a class-data-sharing archive kept in lib/; 0: stock JVM flags),
 #   FLOE_JAVA (the java binary; default $JAVA_HOME/bin/java if JAVA_HOME is set, else java on PATH)
 #
@@ -41,7 +42,7 @@ JAVA="${JAVA:-java}"
 die() { echo "kafka.sh: error: $*" >&2; exit 1; }
 info() { echo "kafka.sh: $*" >&2; }
 
-usage() { sed -n '2,26p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,27p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
 CMD="${1:-}"
 [[ -n "$CMD" ]] || { usage; exit 2; }
@@ -148,6 +149,9 @@ listeners=PLAINTEXT://$HOST:$PORT,CONTROLLER://127.0.0.1:$CPORT
 advertised.listeners=PLAINTEXT://$HOST:$PORT,CONTROLLER://127.0.0.1:$CPORT
 log.dirs=$STATE/data
 EOF
+  if [[ -n "${FLOE_KAFKA_EXTRA_PROPS:-}" ]]; then
+    printf '\n# ---- FLOE_KAFKA_EXTRA_PROPS\n%s\n' "$FLOE_KAFKA_EXTRA_PROPS" >>"$PROPS"
+  fi
 }
 
 cluster_id() {

@@ -82,6 +82,7 @@ class LocalBroker:
         timeout: float | None = None,
         extra_env: dict[str, str] | None = None,
         wrap: Sequence[str] = (),
+        extra_props: Sequence[str] = (),
     ) -> str:
         env = {**os.environ, **(extra_env or {})}
         try:
@@ -112,12 +113,14 @@ class LocalBroker:
         heap: str | None = None,
         host: str | None = None,
         wrap: Sequence[str] = (),
+        extra_props: Sequence[str] = (),
     ) -> str:
         """Start (idempotent) and return the bootstrap address once the broker is ready.
 
         ``host``: the address clients reach (default 127.0.0.1, or what this state dir last ran with). ``wrap``: an
         argv prefix the script runs under, e.g. ``ip netns exec NS`` to put the broker on a simulated host
-        (``floe.hosts``); stopping needs no prefix (the script stops by pid)."""
+        (``floe.hosts``); stopping needs no prefix (the script stops by pid). ``extra_props``: ``key=value`` broker
+        settings added to this start's server.properties."""
         if port is not None and port == controller_port:
             raise BrokerError(f"the listener and the controller need two ports, both were given {port}")
         args = ["start", "--timeout", str(int(ready_timeout_s))]
@@ -129,8 +132,10 @@ class LocalBroker:
             args += ["--controller-port", str(controller_port)]
         if owner_pid is not None:
             args += ["--owner-pid", str(owner_pid)]
-        env = {"FLOE_KAFKA_HEAP": heap} if heap else None
-        out = self._run(*args, timeout=ready_timeout_s + 60, extra_env=env, wrap=wrap)
+        env = {"FLOE_KAFKA_HEAP": heap} if heap else {}
+        if extra_props:
+            env["FLOE_KAFKA_EXTRA_PROPS"] = "\n".join(extra_props)
+        out = self._run(*args, timeout=ready_timeout_s + 60, extra_env=env or None, wrap=wrap)
         return out.splitlines()[-1].strip()
 
     def stop(self, timeout_s: float = 30.0) -> None:
