@@ -27,7 +27,7 @@ from aiokafka.errors import KafkaConnectionError, KafkaError
 
 from contracts import DEAD_LETTER, DeadLetter, Event, Topic, decode, encode
 from contracts.errors import ContractError
-from eventbus.consumer import Message
+from eventbus.consumer import Message, is_seal
 from eventbus.errors import BrokerUnavailable, ClientStateError, ConfigurationError, KafkaFailure, SerializationFailed
 from eventbus.producer import event_headers
 from eventbus.settings import KafkaSettings
@@ -171,6 +171,8 @@ class AioConsumer(Generic[E]):
 
     async def _decode(self, raw: ConsumerRecord[bytes, bytes]) -> Message[E] | None:
         topic = self._topics[raw.topic]
+        if is_seal(raw.headers):
+            return None
         try:
             if raw.value is None:
                 raise SerializationFailed("empty message (tombstone) on an event topic")

@@ -110,6 +110,18 @@ def raw_timestamp(msg: confluent_kafka.Message) -> int | None:
     return int(ts) if kind != confluent_kafka.TIMESTAMP_NOT_AVAILABLE else None
 
 
+# The header of a transactional processor's seal records (``eventbus.transactional``, "Sealing"). They are always
+# aborted, so a read_committed reader never gets one; a read_uncommitted reader skips them: they are not events.
+SEAL_HEADER = "floe-seal"
+
+
+def is_seal(headers: Mapping[str, Any] | Sequence[tuple[str, Any]] | None) -> bool:
+    """Whether a record with these headers (confluent-kafka's list or dict, aiokafka's sequence) is a seal."""
+    if isinstance(headers, Mapping):
+        return SEAL_HEADER in headers
+    return any(name == SEAL_HEADER for name, _ in headers or ())
+
+
 def raw_headers(msg: confluent_kafka.Message) -> dict[str, bytes]:
     return {h[0]: h[1] for h in (msg.headers() or []) if isinstance(h[1], bytes)}
 
@@ -328,6 +340,9 @@ class Consumer(Generic[E]):
         tp = (name, raw.partition() or 0)
         offset = raw.offset() or 0
         self._offsets.seen(tp, offset)
+        if is_seal(raw.headers()):
+            await self._commit_past_poison(name, tp[1], offset)
+            return None
         topic = self._topics[name]
         value = raw.value()
         try:

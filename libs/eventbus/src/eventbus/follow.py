@@ -25,6 +25,7 @@ from confluent_kafka import TopicPartition
 
 from contracts import Topic
 from eventbus.admin import _watermarks
+from eventbus.consumer import is_seal
 from eventbus.errors import ClientStateError, TopicMissing, from_kafka_error, map_kafka_errors
 from eventbus.replay import ReplayRecord, reader_conf, to_record
 from eventbus.settings import KafkaSettings
@@ -107,7 +108,8 @@ class Follower:
                 if mapped.retriable:
                     continue
                 raise mapped
-            out.append(to_record(msg, self._models[msg.topic() or ""]))
+            if not is_seal(msg.headers()):
+                out.append(to_record(msg, self._models[msg.topic() or ""]))
         if out:
             self._last_progress = time.monotonic()
         if not self.caught_up:

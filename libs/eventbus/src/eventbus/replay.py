@@ -31,7 +31,7 @@ from confluent_kafka import TopicPartition
 from contracts import Event, Topic, decode
 from contracts.errors import ContractError
 from eventbus.admin import _watermarks
-from eventbus.consumer import raw_key, raw_timestamp
+from eventbus.consumer import is_seal, raw_key, raw_timestamp
 from eventbus.errors import OperationTimeout, TopicMissing, from_kafka_error, map_kafka_errors
 from eventbus.producer import LIBRDKAFKA_LOGGER
 from eventbus.settings import KafkaSettings
@@ -244,7 +244,8 @@ def replay(
             if offset >= stop[key]:
                 live.discard(key)
                 continue
-            yield to_record(msg, models[key[0]])
+            if not is_seal(msg.headers()):
+                yield to_record(msg, models[key[0]])
             if offset + 1 >= stop[key]:
                 live.discard(key)
     finally:

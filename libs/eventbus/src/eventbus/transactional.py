@@ -24,6 +24,14 @@ How it works (librdkafka transactions with KIP-447):
 - Poison input (does not decode) is published to the dead-letter topic *inside* the transaction, so it too is
   dead-lettered exactly once.
 - An exception escaping the ``async with`` body aborts the open transaction.
+- Sealing: whenever a producer is created for the transactional id (start, or replacing a hung one), one
+  transaction writes a throwaway record to every partition of the declared ``outputs`` (and the dead-letter topic)
+  and to the group's offsets, and is aborted. Its abort marker ends whatever this producer id still has open on those
+  partitions. A single-node broker can leave such a *hung* transaction behind: when it restarts, its transaction
+  coordinator finishes transactions whose partitions have no leader for a moment without writing their markers, so
+  the partitions' stable offset stops there for every ``read_committed`` reader and no timeout ends it (only the same
+  producer id can; docs/kafka.md, "Hung transactions"). The hung outputs are aborted, as ``kafka-transactions.sh abort``
+  would; the stages rebuild from the topics, and the input comes again from the committed offsets.
 - ``rejoin_after_s``: a processor that has owned no partition that long asks the group's coordinator whether it is
   still a member; if the group has settled without it (librdkafka dropped it after a broker restart and will not
   join again: ``eventbus.membership``), its consumer is replaced by a new member. A listed standby is left alone.
@@ -50,7 +58,16 @@ from prometheus_client import CollectorRegistry
 
 from contracts import DEAD_LETTER, DeadLetter, Event, Topic, decode
 from contracts.errors import ContractError
-from eventbus.consumer import Message, consumer_config, dead_letter_for, raw_headers, raw_key, raw_timestamp
+from eventbus.consumer import (
+    SEAL_HEADER,
+    Message,
+    consumer_config,
+    dead_letter_for,
+    is_seal,
+    raw_headers,
+    raw_key,
+    raw_timestamp,
+)
 from eventbus.errors import (
     ClientStateError,
     OperationTimeout,
@@ -83,6 +100,7 @@ class TransactionalProcessor(Generic[E]):
         *,
         static_membership: bool = True,
         dead_letter: Topic[DeadLetter] | None = DEAD_LETTER,
+        outputs: Sequence[Topic[Any]] = (),
         max_batch: int = 100,
         poll_timeout_s: float = 0.2,
         transaction_timeout_s: float = 60.0,
@@ -98,6 +116,9 @@ class TransactionalProcessor(Generic[E]):
         self._group_id = group_id
         self._txn_id = transactional_id
         self._dead_letter = dead_letter
+        # Sealed at every new producer (see the module docstring): every topic this processor produces to.
+        self._outputs = [t.name for t in outputs] + ([dead_letter.name] if dead_letter is not None else [])
+        self.seals = 0
         self._max_batch = max_batch
         self._poll_timeout_s = poll_timeout_s
         self._op_timeout_s = max(settings.admin_timeout_s, 10.0)
@@ -158,7 +179,9 @@ class TransactionalProcessor(Generic[E]):
                 producer = confluent_kafka.Producer(self._p_conf)
                 # Fences older incarnations of this transactional id and aborts their open transaction.
                 producer.init_transactions(self._op_timeout_s)
-            return producer, self._new_consumer()
+            consumer = self._new_consumer()
+            self._seal(producer, consumer)
+            return producer, consumer
 
         self._producer, self._consumer = await self._call(create)
         self._membership.restart()
@@ -292,6 +315,8 @@ class TransactionalProcessor(Generic[E]):
                 raise mapped
             name, partition, offset = raw.topic() or "", raw.partition() or 0, raw.offset() or 0
             self._pending[(name, partition)] = offset + 1
+            if is_seal(raw.headers()):
+                continue
             value = raw.value()
             try:
                 if value is None:
@@ -436,7 +461,45 @@ class TransactionalProcessor(Generic[E]):
             producer.init_transactions(self._op_timeout_s)
         self._producer = producer
         self._open = False
+        # The lost producer's last transactions are the likeliest to be hung: a broker restart is what hangs it.
+        self._seal(producer, self._require_consumer())
         self._rewind()
+
+    def _seal(self, producer: confluent_kafka.Producer, consumer: confluent_kafka.Consumer) -> None:
+        """End whatever this producer id has left open on its outputs and its group's offsets: one transaction that
+        writes a throwaway record to each of their partitions, aborted (module docstring, "Sealing")."""
+        partitions: list[tuple[str, int]] = []
+        with map_kafka_errors(f"seal ({self._txn_id}): metadata"):
+            for name in self._outputs:
+                meta = producer.list_topics(name, timeout=self._op_timeout_s).topics.get(name)
+                if meta is None or meta.error is not None:
+                    log.warning("output topic missing; not sealed", transactional_id=self._txn_id, topic=name)
+                    continue
+                partitions.extend((name, p) for p in sorted(meta.partitions))
+        with map_kafka_errors(f"seal ({self._txn_id})"):
+            producer.begin_transaction()
+            try:
+                for name, p in partitions:
+                    producer.produce(name, b"", partition=p, headers=[(SEAL_HEADER, b"1")])
+                # Registers each partition with the coordinator and writes the records, so the abort marks them.
+                left = producer.flush(self._op_timeout_s)
+                if left:
+                    raise OperationTimeout(f"seal ({self._txn_id}): {left} record(s) not written")
+                first = next(iter(self._inputs))
+                try:
+                    # Adds the group's offsets partition to the transaction: the abort also ends offsets a hung
+                    # transaction left pending there, which would keep the group's committed offsets "unstable".
+                    producer.send_offsets_to_transaction(
+                        [TopicPartition(first, 0, 0)], consumer.consumer_group_metadata(), self._op_timeout_s
+                    )
+                except KafkaException as exc:
+                    # The offsets themselves may be refused (this member has not joined yet); the partition is in
+                    # the transaction by then, and that is all the abort needs.
+                    log.info("seal: offsets not sent", transactional_id=self._txn_id, error=str(exc))
+            finally:
+                producer.abort_transaction(self._op_timeout_s)
+        self.seals += 1
+        log.info("transactional outputs sealed", transactional_id=self._txn_id, partitions=len(partitions))
 
     def _abort_sync(self, rewind: bool) -> None:
         producer = self._require_producer()

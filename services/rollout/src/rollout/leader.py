@@ -115,6 +115,7 @@ class Leader:
                 [self.topics.groups],
                 group_id=f"{s.group_id}-leader",
                 transactional_id=f"{s.instance_id}-leader",
+                outputs=[self.topics.batches],
                 max_batch=200,
                 static_membership=False,
                 transaction_timeout_s=s.transaction_timeout_s,

@@ -75,6 +75,7 @@ class AssemblerShard:
             self.inputs,
             group_id=s.group_id,
             transactional_id=s.instance_id,
+            outputs=[self.topics.groups],
             max_batch=500,
             transaction_timeout_s=s.transaction_timeout_s,
             # Static membership turns a session timeout during a broker restart into a fatal "static consumer

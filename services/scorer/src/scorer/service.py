@@ -107,6 +107,7 @@ class ScorerService:
         self.inputs = inputs
         self.outputs = outputs
         self.invalid_tasks = invalid_tasks or {}
+        self._seen_capacity = dedupe_capacity
         self._seen = _Seen(dedupe_capacity)
         self._sem = asyncio.Semaphore(workers)
         self.scored = 0
@@ -206,6 +207,7 @@ class ScorerService:
             [self.inputs],
             group_id=self.group_id,
             transactional_id=self.transactional_id,
+            outputs=[self.outputs],
             max_batch=max(1, self.workers * 2),
             transaction_timeout_s=txn_timeout,
             consumer_overrides=overrides,
@@ -215,7 +217,15 @@ class ScorerService:
             static_membership=False,
         ) as tp:
             log.info("scorer consuming", topic=self.inputs.name, workers=self.workers)
+            seals = tp.seals
             async for batch in tp.batches(timeout_s=idle_timeout_s):
+                if tp.seals != seals:
+                    # A seal aborted what a hung producer left open, rewards this memory counted as committed among
+                    # them: their sessions come again from the committed offsets and must be scored again.
+                    seals = tp.seals
+                    self._seen = _Seen(self._seen_capacity)
+                    known = await asyncio.to_thread(self._load_seen)
+                    log.info("dedupe memory rebuilt after a seal", topic=self.outputs.name, rewards=known)
                 rewards = await self.handle_batch([m.event for m in batch])
                 for reward in rewards:
                     tp.produce(self.outputs, reward)
