@@ -11,7 +11,8 @@
 #
 # Options (or environment):
 #   --state-dir DIR        FLOE_KAFKA_STATE_DIR   default <repo>/.floe/kafka; holds server.properties, data/, the
-#                                                 pid file, broker.log and the broker address
+#                                                 pid file, broker.log (broker.log.1: the run before) and the
+#                                                 broker address
 #   --port N               FLOE_KAFKA_PORT        client (PLAINTEXT) port, default 9092
 #   --controller-port N    FLOE_KAFKA_CONTROLLER_PORT   default 9093 (always on 127.0.0.1: only the broker uses it)
 #   --host ADDR            FLOE_KAFKA_HOST        the address clients reach (listened on and advertised), default
@@ -42,7 +43,7 @@ JAVA="${JAVA:-java}"
 die() { echo "kafka.sh: error: $*" >&2; exit 1; }
 info() { echo "kafka.sh: $*" >&2; }
 
-usage() { sed -n '2,27p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,28p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
 CMD="${1:-}"
 [[ -n "$CMD" ]] || { usage; exit 2; }
@@ -237,6 +238,9 @@ cmd_start() {
       || die "formatting $STATE/data failed: $(tail -n 5 "$STATE/format.log")"
   fi
 
+  # The previous run's log (its shutdown above all: what a restart left behind is decided there) is kept as
+  # broker.log.1; broker.log is this run's.
+  if [[ -s "$LOG" ]]; then mv -f "$LOG" "$LOG.1"; fi
   : >"$LOG"
   # shellcheck disable=SC2086
   # Fast start (default): the C1 JIT only, plus an AppCDS archive of the broker's classes. On a busy 2-core

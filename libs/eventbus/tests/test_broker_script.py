@@ -102,3 +102,22 @@ def test_stop_returns_with_nothing_of_the_broker_left_running(tmp_path: Path) ->
     finally:
         broker.stop()
     assert _running_with(str(state)) == []
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_restart_keeps_the_previous_runs_log_with_its_shutdown(tmp_path: Path) -> None:
+    # What a restart leaves behind (a hung transaction, say) is decided during the shutdown before it: that log must
+    # survive the next start.
+    broker = LocalBroker.at(tmp_path / "state")
+    ports = free_ports(2)
+    try:
+        broker.start(*ports, owner_pid=os.getpid(), ready_timeout_s=120)
+        broker.stop()
+        broker.start(*ports, owner_pid=os.getpid(), ready_timeout_s=120)
+        previous = (tmp_path / "state" / "broker.log.1").read_text()
+        current = broker.log_path.read_text()
+        assert "Kafka Server started" in previous and "SIGTERM" in previous
+        assert "Kafka Server started" in current and "SIGTERM" not in current
+    finally:
+        broker.stop()
