@@ -30,8 +30,8 @@ from eventbus.broker import LocalBroker, free_ports
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 PARTITIONS = 4
-PRODUCERS = 12
-ROUNDS = 8  # a restart leaves a hang about every other time here; eight misses in a row would be a 1-in-250 run
+PRODUCERS = 16
+ROUNDS = 12  # a restart leaves a hang every second or third time here: twelve misses in a row, 1 run in 100+
 UNCONTROLLED = ["controlled.shutdown.enable=false"]
 
 

@@ -478,6 +478,7 @@ class TransactionalProcessor(Generic[E]):
                 partitions.extend((name, p) for p in sorted(meta.partitions))
         with map_kafka_errors(f"seal ({self._txn_id})"):
             producer.begin_transaction()
+            wedged = False
             try:
                 for name, p in partitions:
                     producer.produce(name, b"", partition=p, headers=[(SEAL_HEADER, b"1")])
@@ -489,15 +490,18 @@ class TransactionalProcessor(Generic[E]):
                 try:
                     # Adds the group's offsets partition to the transaction: the abort also ends offsets a hung
                     # transaction left pending there, which would keep the group's committed offsets "unstable".
-                    producer.send_offsets_to_transaction(
-                        [TopicPartition(first, 0, 0)], consumer.consumer_group_metadata(), self._op_timeout_s
-                    )
+                    # Bounded, as in commit: a replacement's seal follows the very hang that librdkafka can repeat.
+                    offsets = [TopicPartition(first, 0, 0)]
+                    if not self._send_offsets_bounded(producer, offsets, consumer.consumer_group_metadata()):
+                        wedged = True  # still inside librdkafka: no abort on it; the caller gives up this producer
+                        raise OperationTimeout(f"seal ({self._txn_id}): sending the group's offsets hung")
                 except KafkaException as exc:
                     # The offsets themselves may be refused (this member has not joined yet); the partition is in
                     # the transaction by then, and that is all the abort needs.
                     log.info("seal: offsets not sent", transactional_id=self._txn_id, error=str(exc))
             finally:
-                producer.abort_transaction(self._op_timeout_s)
+                if not wedged:
+                    producer.abort_transaction(self._op_timeout_s)
         self.seals += 1
         log.info("transactional outputs sealed", transactional_id=self._txn_id, partitions=len(partitions))
 
