@@ -76,6 +76,9 @@ class _Seen:
     def __contains__(self, key: str) -> bool:
         return key in self._ids
 
+    def clear(self) -> None:
+        self._ids.clear()
+
     def add(self, key: str) -> None:
         self._ids[key] = None
         self._ids.move_to_end(key)
@@ -107,7 +110,6 @@ class ScorerService:
         self.inputs = inputs
         self.outputs = outputs
         self.invalid_tasks = invalid_tasks or {}
-        self._seen_capacity = dedupe_capacity
         self._seen = _Seen(dedupe_capacity)
         self._sem = asyncio.Semaphore(workers)
         self.scored = 0
@@ -187,7 +189,9 @@ class ScorerService:
         self._stop.set()
 
     def _load_seen(self) -> int:
-        """Session ids already rewarded (committed) within the dedupe window, from the rewards topic."""
+        """The dedupe memory, anew: session ids already rewarded (committed) within the dedupe window, from the
+        rewards topic."""
+        self._seen.clear()
         since = Position(timestamp_ms=now_ms() - int(self.dedupe_window_s * 1000))
         count = 0
         for record in replay(self.kafka, self.outputs, start=since, idle_timeout_s=2.0):
@@ -223,7 +227,6 @@ class ScorerService:
                     # A seal aborted what a hung producer left open, rewards this memory counted as committed among
                     # them: their sessions come again from the committed offsets and must be scored again.
                     seals = tp.seals
-                    self._seen = _Seen(self._seen_capacity)
                     known = await asyncio.to_thread(self._load_seen)
                     log.info("dedupe memory rebuilt after a seal", topic=self.outputs.name, rewards=known)
                 rewards = await self.handle_batch([m.event for m in batch])
