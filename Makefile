@@ -73,7 +73,7 @@ test-unit: deps  ## unit tests only: no broker needed
 	$(PY) -m pytest -m "not integration and not slow" $(PYTEST_ARGS)
 
 bench: bootstrap  ## run every benchmark; each prints its ratios side by side
-	@set -e; for b in bench/*/run.py; do echo "== $$b"; $(PY) $$b; done
+	@set -e; for b in bench/*/run.py bench/gateway/kafka_send.py; do echo "== $$b"; $(PY) $$b; done
 
 demo: bootstrap  ## the main job: local Kafka, CPU engine, real SmolLM2-135M-Instruct, GRPO on count tasks, held-out eval
 	.venv/bin/floe demo $(DEMO_ARGS)
