@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 
 from contracts.errors import PromptDeltaError
 from contracts.events import ModelCallRecorded
@@ -51,7 +52,7 @@ def encode_prompt(prompt: Sequence[int], bases: Iterable[tuple[int, Sequence[int
     best_len = 0
     # Latest first, so that a base that cannot share more than the best so far (ties go to the latest) is skipped
     # unread: an agent's prompt usually extends its previous call, whose sequence is the longest.
-    for call_index, sequence in sorted(bases, key=lambda b: b[0], reverse=True):
+    for call_index, sequence in sorted(bases, key=itemgetter(0), reverse=True):  # itemgetter: no Python call each
         if len(sequence) <= best_len:
             continue
         n = _common_prefix_len(sequence, prompt)

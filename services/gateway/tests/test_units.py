@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import httpx
@@ -13,11 +14,11 @@ from hypothesis import strategies as st
 import gateway
 from eventbus import KafkaSettings
 from eventbus.producer import producer_config
-from gateway import GatewaySettings, create_app
+from gateway import GatewaySettings, create_app, upstream
 from gateway.app import record_producer_config
 from gateway.canonical import ReasoningDelta, TextDelta, ToolCallDelta
 from gateway.output_parser import OutputParser
-from gateway.upstream import HashRing
+from gateway.upstream import EngineClient, HashRing
 
 from ._fakes import MemorySink, free_port, serve
 from .conftest import CONTROL
@@ -75,6 +76,34 @@ def test_ring_is_stable_and_balanced() -> None:
     smaller = HashRing(nodes[:3])
     moved = sum(1 for i, o in enumerate(owners) if o != nodes[3] and smaller.order(f"session-{i}")[0] != o)
     assert moved == 0
+
+
+def test_ring_order_is_kept_per_session_and_recomputed_alike(monkeypatch: pytest.MonkeyPatch) -> None:
+    nodes = [f"http://e{i}:8000" for i in range(3)]
+    ring = HashRing(nodes)
+    first = {f"s{i}": ring.order(f"s{i}") for i in range(40)}
+    assert all(ring.order(k) is v for k, v in first.items())  # asked again: the kept order itself
+    monkeypatch.setattr(upstream, "_MEMO_KEYS", 8)  # a full memory is cleared, and the orders come out the same
+    small = HashRing(nodes)
+    assert {f"s{i}": small.order(f"s{i}") for i in range(40)} == first
+    assert 0 < len(small._orders) <= 8
+
+
+async def test_a_replica_is_skipped_while_marked_down_then_taken_again() -> None:
+    nodes = [f"http://e{i}:8000" for i in range(3)]
+    client = EngineClient(nodes, model="m", timeout_s=1, connect_timeout_s=1, unhealthy_s=0.2)
+    try:
+        order = client.replicas("s")
+        assert sorted(order) == sorted(nodes)
+        client._mark_down(order[0])
+        assert client.replicas("s") == order[1:]
+        for url in order:  # all down: the order as it is (the caller then tries each and reports a 503)
+            client._mark_down(url)
+        assert client.replicas("s") == order
+        await asyncio.sleep(0.3)
+        assert client.replicas("s") == order and not client._down_until  # the skips ran out and were dropped
+    finally:
+        await client.aclose()
 
 
 def test_failover_to_the_next_replica(fake_engine) -> None:

@@ -19,6 +19,8 @@ __all__ = ["presented_token", "strip_session_prefix"]
 # Vendor key headers before the generic Bearer header (the order these sources have always had).
 _KEY_HEADERS = tuple(dict.fromkeys(p.key_header for p in PROVIDERS if p.key_header != "authorization"))
 _KEY_QUERY = tuple(dict.fromkeys(p.key_query for p in PROVIDERS if p.key_query))
+_KEY_HEADERS_RAW = tuple(h.lower().encode("latin-1") for h in _KEY_HEADERS)
+_WANTED = frozenset((*_KEY_HEADERS_RAW, b"authorization"))
 
 
 def strip_session_prefix(scope: Scope) -> Scope:
@@ -37,14 +39,21 @@ def strip_session_prefix(scope: Scope) -> Scope:
 
 
 def presented_token(request: Request) -> str | None:
-    token = getattr(request.state, "session_token", None)
+    state = request.scope.get("state")
+    token = state.get("session_token") if state else None
     if token:
         return str(token)
-    for header in _KEY_HEADERS:
-        value = request.headers.get(header)
+    # One pass over the raw headers (ASGI names them in lower case), the first of each name as Headers.get finds it:
+    # every call asks, and Headers would scan the whole list once per name.
+    found: dict[bytes, bytes] = {}
+    for name, raw in request.scope.get("headers") or ():
+        if name in _WANTED and name not in found:
+            found[name] = raw
+    for header in _KEY_HEADERS_RAW:
+        value = found.get(header)
         if value:
-            return value.strip()
-    auth = request.headers.get("authorization", "")
+            return value.decode("latin-1").strip()
+    auth = found.get(b"authorization", b"").decode("latin-1")
     if auth[:7].lower() == "bearer " and auth[7:].strip():
         return auth[7:].strip()
     for param in _KEY_QUERY:

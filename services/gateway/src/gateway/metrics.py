@@ -32,6 +32,8 @@ class GatewayMetrics:
         )
         self.duration = Histogram("floe_gateway_call_seconds", "Whole call duration", ["protocol"], registry=r)
         self.tokens = Counter("floe_gateway_tokens_total", "Tokens by kind (prompt, completion)", ["kind"], registry=r)
+        self.prompt_tokens = self.tokens.labels("prompt")  # both counted on every call: their children, made once
+        self.completion_tokens = self.tokens.labels("completion")
         self.rejected = Counter(
             "floe_gateway_rejected_credentials_total", "Calls refused for their credentials", ["reason"], registry=r
         )

@@ -46,6 +46,9 @@ class Recorder:
         self._timeout_s = timeout_s
         self._retry_after_s = retry_after_s
         self.pending = 0
+        # Read when scraped, not set twice per call: every metric update on the hot path is paid again on each call,
+        # and a call that follows an idle engine wait runs cold (docs/scaling.md, what waking up costs).
+        metrics.records_pending.set_function(lambda: self.pending)
 
     def admit(self) -> None:
         if self.pending >= self._max_pending:
@@ -55,7 +58,6 @@ class Recorder:
 
     async def send(self, record: ModelCallRecorded) -> None:
         self.pending += 1
-        self._metrics.records_pending.set(self.pending)
         try:
             # asyncio.timeout, not wait_for: on 3.11 wait_for wraps the send in a task of its own, two more turns of
             # the event loop on every call; the timeout and its cancellation of the send are the same.
@@ -69,7 +71,6 @@ class Recorder:
             ) from exc
         finally:
             self.pending -= 1
-            self._metrics.records_pending.set(self.pending)
         # eventbus.Producer reports the bytes it produced; encoding a long record again only to count it cost as
         # much as the first encoding. Other sinks (tests, benches) may return nothing: count those here.
         size = getattr(delivery, "size", None)

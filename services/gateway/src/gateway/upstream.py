@@ -41,8 +41,9 @@ import hashlib
 import json
 import re
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from types import TracebackType
 from typing import Any
 
 import structlog
@@ -57,6 +58,7 @@ __all__ = ["EngineChunk", "EngineClient", "EngineToolCalls", "HashRing", "Tokeni
 log = structlog.get_logger()
 
 _OVERFLOW_MARKERS = ("maximum context length", "context length", "too long", "max_model_len")
+_MEMO_KEYS = 65536  # session ids whose ring order HashRing keeps (a few MB at most)
 
 
 class HashRing:
@@ -70,13 +72,23 @@ class HashRing:
         points.sort()
         self._keys = [p[0] for p in points]
         self._vals = [p[1] for p in points]
+        # Each session asks on every call: its order, computed once (bounded: cleared when full, recomputed alike)
+        self._orders: dict[str, tuple[str, ...]] = {}
 
     @staticmethod
     def _h(s: str) -> int:
         return int.from_bytes(hashlib.blake2b(s.encode(), digest_size=8).digest(), "big")
 
-    def order(self, key: str) -> list[str]:
+    def order(self, key: str) -> tuple[str, ...]:
         """Replicas in preference order for ``key``: its owner first, then the next distinct ones on the ring."""
+        found = self._orders.get(key)
+        if found is None:
+            if len(self._orders) >= _MEMO_KEYS:
+                self._orders.clear()
+            found = self._orders[key] = tuple(self._walk(key))
+        return found
+
+    def _walk(self, key: str) -> list[str]:
         start = bisect.bisect(self._keys, self._h(key)) % len(self._keys)
         out: list[str] = []
         for i in range(len(self._keys)):
@@ -88,16 +100,34 @@ class HashRing:
         return out
 
 
-@contextlib.contextmanager
-def map_engine_errors(url: str) -> Iterator[None]:
-    try:
-        yield
-    except ConnectFailed as exc:
-        raise UpstreamUnavailable(f"engine {url} unreachable") from exc
-    except Timeout as exc:
-        raise UpstreamError(f"engine {url} timed out") from exc
-    except HTTPError as exc:
-        raise UpstreamError(f"engine {url} transport error: {exc}") from exc
+class _EngineErrors:
+    """The context manager of ``map_engine_errors``: a class, not ``@contextlib.contextmanager``, since it wraps every
+    engine request and a generator-based one costs about three times the Python calls to enter and leave."""
+
+    __slots__ = ("_url",)
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if exc is None:
+            return
+        url = self._url
+        if isinstance(exc, ConnectFailed):
+            raise UpstreamUnavailable(f"engine {url} unreachable") from exc
+        if isinstance(exc, Timeout):
+            raise UpstreamError(f"engine {url} timed out") from exc
+        if isinstance(exc, HTTPError):
+            raise UpstreamError(f"engine {url} transport error: {exc}") from exc
+
+
+def map_engine_errors(url: str) -> _EngineErrors:
+    """``with map_engine_errors(url):`` the engine hop's transport errors, raised as the gateway's own (unreachable:
+    ``UpstreamUnavailable``; timeouts and other transport errors: ``UpstreamError``); anything else passes."""
+    return _EngineErrors(url)
 
 
 @dataclass
@@ -304,11 +334,18 @@ class EngineClient:
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    def replicas(self, session_id: str) -> list[str]:
+    def replicas(self, session_id: str) -> tuple[str, ...]:
         order = self.ring.order(session_id)
-        now = time.monotonic()
-        healthy = [u for u in order if self._down_until.get(u, 0.0) <= now]
-        return healthy or order
+        if self._down_until:
+            now = time.monotonic()
+            down = {u for u, until in self._down_until.items() if until > now}
+            if not down:
+                self._down_until.clear()  # every skip has run out: the next calls take the order as it is
+            else:
+                healthy = tuple(u for u in order if u not in down)
+                if healthy:
+                    return healthy
+        return order
 
     def _mark_down(self, url: str) -> None:
         self._down_until[url] = time.monotonic() + self._unhealthy_s
