@@ -28,10 +28,13 @@ import sys
 import tempfile
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from report import write
+
+if TYPE_CHECKING:
+    from contracts import ModelCallRecorded
 
 GAPS_MS = (0.0, 2.0, 20.0)
 
@@ -55,7 +58,7 @@ def thread_cpu_ns() -> dict[str, int]:
 async def measure(address: str, n: int, rounds: int) -> dict[str, Any]:
     from aiokafka import AIOKafkaProducer
 
-    from contracts import ModelCallRecorded, encode, topics
+    from contracts import encode, topics
     from eventbus import KafkaSettings, Producer
     from eventbus.admin import ensure_topics
     from eventbus.aio_consumer import aiokafka_config
@@ -63,7 +66,7 @@ async def measure(address: str, n: int, rounds: int) -> dict[str, Any]:
 
     settings = KafkaSettings(bootstrap_servers=address)
     await ensure_topics(settings, [topics.MODEL_CALLS])
-    records = [sample_record(ModelCallRecorded, i) for i in range(16)]
+    records = [sample_record(i) for i in range(16)]
     linger = GatewaySettings.model_fields["record_linger_ms"].default
     floe = Producer(settings, config={"linger.ms": linger})  # the gateway's producer settings
     await floe.start()
@@ -121,11 +124,11 @@ async def measure(address: str, n: int, rounds: int) -> dict[str, Any]:
     return figures
 
 
-def sample_record(model: Any, i: int) -> Any:
+def sample_record(i: int) -> ModelCallRecorded:
     """A record shaped like a gateway's (a 16-token answer to a short chat prompt, delta-encoded)."""
-    from contracts import CallTimings, Protocol, TokenizationMode
+    from contracts import CallTimings, ModelCallRecorded, Protocol, TokenizationMode
 
-    return model(
+    return ModelCallRecorded(
         session_id=f"bench-{i % 4}",
         group_id="bench",
         call_index=i,
